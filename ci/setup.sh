@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what memtrade needs and is missing, from Debian's packages; silent when nothing is.
+#
+# Python: reports and the PyTorch peer use Debian's /usr/bin/python3 with python3-numpy,
+# python3-matplotlib and python3-pytest (python3-torch only for `make peer`), so one package
+# manager serves both the C++ and the Python side. The pyenv python3 on PATH is not used.
+#
+# Usage: ci/setup.sh [extra Debian packages...]
+set -euo pipefail
+
+packages=(
+  cmake make g++ git pkg-config
+  libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
+  libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev
+  python3 python3-numpy python3-matplotlib python3-pytest
+  "$@"
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "setup: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null; then sudo="sudo"; else
+    echo "setup: missing packages (${missing[*]}) and not root; install them and rerun" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+log=$(mktemp)
+if ! { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}"; } >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "setup: apt-get failed" >&2
+  exit 1
+fi
+rm -f "$log"

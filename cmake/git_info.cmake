@@ -1,0 +1,22 @@
+# Writes OUT with the commit and dirty flag of the tree at SRC; touches it only when they change.
+execute_process(COMMAND git -C ${SRC} rev-parse HEAD OUTPUT_VARIABLE commit
+                OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR commit STREQUAL "")
+  set(commit "unknown")
+endif()
+execute_process(COMMAND git -C ${SRC} status --porcelain --untracked-files=no
+                OUTPUT_VARIABLE status OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+if(status STREQUAL "")
+  set(dirty false)
+else()
+  set(dirty true)
+endif()
+set(text "#pragma once\n#define MEMTRADE_GIT_COMMIT \"${commit}\"\n#define MEMTRADE_GIT_DIRTY ${dirty}\n")
+if(EXISTS ${OUT})
+  file(READ ${OUT} old)
+else()
+  set(old "")
+endif()
+if(NOT old STREQUAL text)
+  file(WRITE ${OUT} "${text}")
+endif()

@@ -1,0 +1,46 @@
+// Runs one grid point in this process: warm-up steps, then measured steps timed with device
+// events, with the allocator's peak reset after warm-up so the figures are a steady step's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/device.h"
+#include "models/config.h"
+#include "models/model.h"
+
+namespace memtrade {
+
+struct PointRunOptions {
+  int warmup = 2;
+  int steps = 8;
+  std::string out;  // optional JSON file for the point
+};
+
+struct PointMeasurement {
+  std::vector<double> samples_s;  // every measured step
+  double median_s = 0, p10_s = 0, p90_s = 0, cv = 0;
+  double loss_first = 0, loss_last = 0;
+  std::int64_t skipped_steps = 0;
+  float loss_scale = 1;
+  AllocatorStats memory;         // device allocator after the measured steps
+  AllocatorStats pinned;         // pinned host allocator
+  TransferStats transfers;       // during the measured steps
+  double samples_per_s = 0, tokens_per_s = 0, flops_per_step = 0;
+};
+
+PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
+                           const PointRunOptions& options);
+nlohmann::json measurement_json(const Device& dev, const Model& model, const TrainConfig& cfg,
+                                const PointMeasurement& m);
+// Runs, prints a short summary (and writes options.out); returns the process exit code.
+int run_point_and_print(Device& dev, Model& model, const TrainConfig& cfg,
+                        const PointRunOptions& options);
+
+// Quantile with linear interpolation (numpy's default) of unsorted samples.
+double quantile(std::vector<double> samples, double q);
+
+}  // namespace memtrade

@@ -1,0 +1,40 @@
+#include <fmt/format.h>
+
+#include "kernels/cuda_probe.h"
+#include "kernels/device.h"
+#include "memtrade_git.h"
+
+#ifdef MEMTRADE_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace memtrade {
+
+std::vector<std::pair<std::string, std::string>> library_versions() {
+  std::vector<std::pair<std::string, std::string>> v;
+  std::string commit = MEMTRADE_GIT_COMMIT;
+  v.emplace_back("memtrade", fmt::format("{} ({}{})", MEMTRADE_VERSION, commit.substr(0, 12),
+                                         MEMTRADE_GIT_DIRTY ? ", dirty" : ""));
+#if defined(__clang__)
+  v.emplace_back("compiler", fmt::format("clang {}", __clang_version__));
+#elif defined(__GNUC__)
+  v.emplace_back("compiler", fmt::format("gcc {}", __VERSION__));
+#endif
+#ifdef MEMTRADE_HAVE_OPENBLAS
+  v.emplace_back("OpenBLAS", fmt::format("{}", openblas_get_config()));
+#else
+  v.emplace_back("OpenBLAS", "not built (builtin blocked GEMM)");
+#endif
+#ifdef _OPENMP
+  v.emplace_back("OpenMP", fmt::format("{}", _OPENMP));
+#endif
+  v.emplace_back("fmt", fmt::format("{}.{}.{}", FMT_VERSION / 10000, FMT_VERSION / 100 % 100,
+                                    FMT_VERSION % 100));
+  for (auto& kv : cuda_library_versions()) v.push_back(kv);
+  return v;
+}
+
+std::string git_commit() { return MEMTRADE_GIT_COMMIT; }
+bool git_dirty() { return MEMTRADE_GIT_DIRTY; }
+
+}  // namespace memtrade

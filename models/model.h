@@ -1,0 +1,106 @@
+// Model: the interface between a network (GPT, MLP, CNN) and the Trainer that runs it.
+//
+// A model owns no weights. It describes its parameters (names, shapes, init) and runs forward
+// and backward against a ParamStore that the Trainer implements; that is how precision (which
+// dtype the weights have), zero_grad (whether a gradient is overwritten or added to) and
+// `offload = params` (weights streamed in per block) stay out of model code. What a model saves
+// for backward goes through SavedTensors (models/saved_tensors.h), where the checkpoint and
+// activation-offload policies live.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/device.h"
+#include "models/config.h"
+
+namespace memtrade {
+
+struct ParamSpec {
+  std::string name;     // PyTorch module naming: "transformer.h.0.attn.c_attn.weight"
+  Shape shape;          // PyTorch layout: nn.Linear weight is (out, in)
+  float init_std = 0;   // > 0: normal(0, std); 0: zeros; < 0: ones
+  int block = -1;       // index of the block it belongs to (-1: outside the repeated blocks)
+  bool trainable = true;  // false for buffers (batch-norm running stats): F32, no grad, no optimizer
+};
+
+// A gradient as handed to a layer's backward: write into `t`, adding when `accumulate`.
+struct GradRef {
+  Tensor& t;
+  bool accumulate;
+};
+
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+  // The weight of params()[index] on the device, in the compute dtype (buffers: F32, mutable).
+  virtual Tensor& weight(int index) = 0;
+  // The gradient of params()[index] (allocated on first use when grads were set to none). The
+  // first call in a step with set_to_none says accumulate = false; later calls (a tied weight,
+  // further micro-batches) say true.
+  virtual GradRef grad(int index) = 0;
+  // Called around each block's forward/backward/recompute so that streamed weights
+  // (offload = params) can be brought in before use and dropped after.
+  virtual void enter_block(int /*block*/) {}
+  virtual void exit_block(int /*block*/) {}
+};
+
+// How a forward/backward pass runs.
+struct RunOptions {
+  DType act_dtype = DType::F32;  // activations (and weights) dtype
+  bool training = true;          // eval: nothing saved, no backward
+  Checkpoint checkpoint{};       // which blocks are recomputed in backward
+  bool offload_activations = false;  // saved activations go to pinned host memory
+};
+
+struct FlopCount {
+  double forward = 0;    // per micro-batch
+  double backward = 0;   // per micro-batch (≈ 2 × forward)
+  double recompute = 0;  // extra forward work spent by checkpointing, per micro-batch
+  double total() const { return forward + backward + recompute; }
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual std::string name() const = 0;    // "gpt-tiny"
+  virtual std::string family() const = 0;  // "gpt" | "mlp" | "cnn"
+  // Hyper-parameters as written to meta.json and results ("n_layer", "n_head", ...).
+  virtual nlohmann::json hyper() const = 0;
+  virtual const std::vector<ParamSpec>& params() const = 0;
+  virtual int num_blocks() const = 0;  // the unit of checkpointing and parameter streaming
+  std::int64_t num_params() const;     // trainable elements
+
+  // One micro-batch of `batch` samples.
+  virtual Shape input_shape(std::int64_t batch) const = 0;
+  virtual DType input_dtype(DType act_dtype) const = 0;    // I32 tokens or float features
+  virtual Shape target_shape(std::int64_t batch) const = 0;  // I32 class ids
+  virtual std::int64_t rows_per_sample() const = 0;  // loss rows per sample (T for GPT, else 1)
+  virtual FlopCount flops(std::int64_t batch, const RunOptions& options) const = 0;
+
+  // Deterministic synthetic data with learnable structure: sample rows [first, first + batch)
+  // of the stream defined by `seed`. `input` receives input_shape(batch) elements as float
+  // (token ids for GPT, converted by the caller), `targets` the class ids.
+  virtual void make_batch(std::uint64_t seed, std::int64_t first, std::int64_t batch,
+                          std::vector<float>& input, std::vector<std::int32_t>& targets) const = 0;
+
+  // Forward of one micro-batch; returns per-row losses (N,) F32 on the device. In training
+  // mode it keeps what backward needs (per options); in eval mode it keeps nothing.
+  virtual Tensor forward(Device& dev, ParamStore& store, const Tensor& input,
+                         const Tensor& targets, const RunOptions& options) = 0;
+  // Backward of the last forward with dL/dloss_row = dloss for every row (the Trainer passes
+  // loss_scale / rows of the whole effective batch). Releases everything forward saved.
+  virtual void backward(Device& dev, ParamStore& store, float dloss) = 0;
+};
+
+// "gpt-tiny", "gpt-mini", "gpt2-124m", "gpt2-350m", "mlp-tiny", ..., "cnn-tiny", ...
+// Throws std::invalid_argument naming the known models for an unknown name.
+std::unique_ptr<Model> make_model(std::string_view name);
+std::vector<std::string> model_names();
+
+}  // namespace memtrade
