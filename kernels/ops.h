@@ -46,6 +46,9 @@ class Ops {
  public:
   virtual ~Ops() = default;
   virtual std::string name() const = 0;
+  // TF32 tensor cores for fp32 GEMMs and convolutions (precision = tf32). Backends without
+  // such a mode ignore it: on the CPU tf32 is refused before a step runs.
+  virtual void set_tf32(bool /*on*/) {}
 
   // ---- dense algebra -------------------------------------------------------------------------
   // c (M, N) = alpha · op(a) · op(b) + beta · c, op(x) = x or xᵀ; a (M, K) or (K, M), b (K, N)

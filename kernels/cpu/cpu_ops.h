@@ -11,3 +11,11 @@ namespace memtrade {
 std::unique_ptr<Ops> make_cpu_ops();
 
 }  // namespace memtrade
+
+namespace memtrade {
+
+// The same scratch allocations as make_cpu_ops()'s ops, without arithmetic or memory access:
+// what the memory model (harness/estimate.cpp) runs a step with.
+std::unique_ptr<Ops> make_cpu_dry_run_ops();
+
+}  // namespace memtrade

@@ -1,0 +1,153 @@
+// Dry-run CPU ops: no arithmetic, no reads or writes of tensor memory, but every scratch
+// buffer the real CPU ops take, of the same size and category, in the same order. The memory
+// model (harness/estimate.cpp) runs a whole training step with them on a device whose memory
+// is address space only. tests/harness/test_estimate.cpp holds them to the real ops: the
+// predicted peak must equal the measured one on every smoke-grid point.
+#include <optional>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace memtrade {
+namespace {
+
+// The fp32 copy a 16-bit GEMM operand or output gets (cpu_ops_impl.h: F32In / F32Out).
+std::optional<Tensor> f32_copy(const Tensor& t, CachingAllocator& alloc) {
+  if (t.dtype() == DType::F32) return std::nullopt;
+  return Tensor(alloc, t.shape(), DType::F32, Category::workspace);
+}
+std::optional<Tensor> scratch_if(bool need, CachingAllocator& alloc, Shape shape,
+                                 Category c = Category::temporaries) {
+  if (!need) return std::nullopt;
+  return Tensor(alloc, std::move(shape), DType::F32, c);
+}
+
+class DryRunOps final : public Ops {
+ public:
+  std::string name() const override { return "cpu (dry run)"; }
+
+  void matmul(Tensor& c, const Tensor& a, const Tensor& b, bool, bool, float, float) override {
+    auto a32 = f32_copy(a, *c.allocator());
+    auto b32 = f32_copy(b, *c.allocator());
+    auto c32 = f32_copy(c, *c.allocator());
+  }
+  void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
+                      const Tensor*) override {
+    auto x = f32_copy(inp, *out.allocator());
+    auto w = f32_copy(weight, *out.allocator());
+    auto y = f32_copy(out, *out.allocator());
+  }
+  void linear_backward(Tensor* dinp, Tensor* dweight, Tensor*, const Tensor& dout,
+                       const Tensor& inp, const Tensor& weight, bool) override {
+    if (dinp) {
+      auto g = f32_copy(dout, *dinp->allocator());
+      auto w = f32_copy(weight, *dinp->allocator());
+      auto dx = f32_copy(*dinp, *dinp->allocator());
+    }
+    if (dweight) {
+      auto g = f32_copy(dout, *dweight->allocator());
+      auto x = f32_copy(inp, *dweight->allocator());
+      auto dw = f32_copy(*dweight, *dweight->allocator());
+    }
+  }
+
+  void fill(Tensor&, float) override {}
+  void cast(Tensor&, const Tensor&) override {}
+  void add(Tensor&, const Tensor&, const Tensor&) override {}
+  void add_inplace(Tensor&, const Tensor&) override {}
+  void scale(Tensor&, float) override {}
+  void gelu_forward(Tensor&, const Tensor&) override {}
+  void gelu_backward(Tensor&, const Tensor&, const Tensor&) override {}
+  void relu_forward(Tensor&, const Tensor&) override {}
+  void relu_backward(Tensor&, const Tensor&, const Tensor&) override {}
+  void layernorm_forward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         float) override {}
+  void layernorm_backward(Tensor&, Tensor*, Tensor*, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&, const Tensor&, bool) override {}
+  void softmax_forward(Tensor&, const Tensor&) override {}
+  void softmax_backward(Tensor&, const Tensor&, const Tensor&) override {}
+
+  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) override {
+    attention(&out, att, qkv, n_head);
+  }
+  void attention_probs(Tensor& att, const Tensor& qkv, int n_head) override {
+    attention(nullptr, att, qkv, n_head);
+  }
+  void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                          int n_head) override {
+    const std::int64_t t = qkv.dim(1), hd = qkv.dim(2) / 3 / n_head;
+    CachingAllocator& alloc = *dqkv.allocator();
+    Tensor dp(alloc, {t, t}, DType::F32, Category::temporaries);
+    auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, t, hd});
+    auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {t, t});
+    auto dout_buf = scratch_if(dout.dtype() != DType::F32, alloc, {t, hd});
+    auto dqkv_buf = scratch_if(dqkv.dtype() != DType::F32, alloc, {3, t, hd});
+  }
+
+  void embedding_forward(Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
+  void embedding_backward(Tensor* dwte, Tensor*, const Tensor&, const Tensor& tokens,
+                          bool) override {
+    if (dwte) Tensor order(*dwte->allocator(), {tokens.numel()}, DType::I32, Category::temporaries);
+  }
+  void crossentropy_forward(Tensor&, const Tensor&, const Tensor&) override {}
+  void crossentropy_backward(Tensor&, const Tensor&, const Tensor&, float) override {}
+  double sum_to_host(const Tensor&) override { return 0.0; }
+
+  void conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor*,
+                      int stride, int pad) override {
+    Conv d = dims(inp, weight, stride, pad);
+    CachingAllocator& alloc = *out.allocator();
+    auto w = f32_copy(weight, alloc);
+    auto out_buf = scratch_if(out.dtype() != DType::F32, alloc, {d.co, d.p}, Category::workspace);
+    Tensor col(alloc, {d.k, d.p}, DType::F32, Category::workspace);
+  }
+  void conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor*, const Tensor& dout,
+                       const Tensor& inp, const Tensor& weight, int stride, int pad,
+                       bool) override {
+    if (!dinp && !dweight) return;
+    Conv d = dims(inp, weight, stride, pad);
+    CachingAllocator& alloc = *(dinp ? dinp : dweight)->allocator();
+    std::optional<Tensor> w, dw;
+    if (dinp) w = f32_copy(weight, alloc);
+    if (dweight) dw = f32_copy(*dweight, *dweight->allocator());
+    auto dout_buf = scratch_if(dout.dtype() != DType::F32, alloc, {d.co, d.p}, Category::workspace);
+    auto dinp_buf = scratch_if(dinp && dinp->dtype() != DType::F32, alloc,
+                               {inp.dim(1), inp.dim(2), inp.dim(3)}, Category::workspace);
+    Tensor col(alloc, {d.k, d.p}, DType::F32, Category::workspace);
+  }
+  void batchnorm_forward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         Tensor*, Tensor*, float, float) override {}
+  void batchnorm_backward(Tensor&, Tensor*, Tensor*, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&, const Tensor&, bool) override {}
+  void global_avgpool_forward(Tensor&, const Tensor&) override {}
+  void global_avgpool_backward(Tensor&, const Tensor&) override {}
+  void maxpool2d_forward(Tensor&, Tensor&, const Tensor&, int, int) override {}
+  void maxpool2d_backward(Tensor&, const Tensor&, const Tensor&) override {}
+
+  bool unscale_and_check(std::span<Tensor* const>, float) override { return false; }
+  void optimizer_update(const OptimizerHyper&, Tensor&, const Tensor&, Tensor*, Tensor*) override {}
+
+ private:
+  struct Conv {
+    std::int64_t co, k, p;
+  };
+  static Conv dims(const Tensor& inp, const Tensor& weight, int stride, int pad) {
+    const std::int64_t oh = (inp.dim(2) + 2 * pad - weight.dim(2)) / stride + 1;
+    const std::int64_t ow = (inp.dim(3) + 2 * pad - weight.dim(3)) / stride + 1;
+    return {weight.dim(0), weight.dim(1) * weight.dim(2) * weight.dim(3), oh * ow};
+  }
+  static void attention(Tensor* out, Tensor& att, const Tensor& qkv, int n_head) {
+    const std::int64_t t = qkv.dim(1), hd = qkv.dim(2) / 3 / n_head;
+    CachingAllocator& alloc = *(out ? out : &att)->allocator();
+    auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, t, hd});
+    auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {t, t});
+    auto out_buf = scratch_if(out && out->dtype() != DType::F32, alloc, {t, hd});
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> make_cpu_dry_run_ops() {
+  return std::make_unique<DryRunOps>();
+}
+
+}  // namespace memtrade

@@ -1,0 +1,147 @@
+// make_cpu_ops() and the fp32-access helpers every CPU op file shares.
+#include "kernels/cpu/cpu_ops.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/cpu_ops_impl.h"
+
+namespace memtrade {
+
+std::unique_ptr<Ops> make_cpu_ops() {
+  return std::make_unique<cpu::CpuOps>();
+}
+
+namespace cpu {
+
+void check_float(std::string_view op, std::string_view name, const Tensor& t) {
+  if (!t.defined()) fail(op, "{} is undefined", name);
+  if (t.dtype() == DType::I32)
+    fail(op, "{} {} must be a float tensor (f32, f16 or bf16), got i32", name,
+         shape_str(t.shape()));
+}
+
+void check_i32(std::string_view op, std::string_view name, const Tensor& t) {
+  if (!t.defined()) fail(op, "{} is undefined", name);
+  if (t.dtype() != DType::I32)
+    fail(op, "{} {} must be i32, got {}", name, shape_str(t.shape()), dtype_name(t.dtype()));
+}
+
+void check_shape(std::string_view op, std::string_view name, const Tensor& t, const Shape& shape) {
+  if (t.shape() != shape)
+    fail(op, "{} has shape {}, expected {}", name, shape_str(t.shape()), shape_str(shape));
+}
+
+void check_same_numel(std::string_view op, const Tensor& a, const Tensor& b) {
+  if (a.numel() != b.numel())
+    fail(op, "element counts differ: {} vs {}", shape_str(a.shape()), shape_str(b.shape()));
+}
+
+namespace {
+
+// Serial conversions of one span; the switch is hoisted out of the element loop.
+void to_f32_serial(const void* src, DType t, std::int64_t n, float* dst) {
+  switch (t) {
+    case DType::F32:
+      std::memcpy(dst, src, static_cast<std::size_t>(n) * 4);
+      break;
+    case DType::BF16: {
+      const auto* s = static_cast<const std::uint16_t*>(src);
+      for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i]);
+      break;
+    }
+    case DType::F16: {
+      const auto* s = static_cast<const std::uint16_t*>(src);
+      for (std::int64_t i = 0; i < n; ++i) dst[i] = f16_to_float(s[i]);
+      break;
+    }
+    case DType::I32: {
+      const auto* s = static_cast<const std::int32_t*>(src);
+      for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+      break;
+    }
+  }
+}
+
+void from_f32_serial(const float* src, DType t, std::int64_t n, void* dst) {
+  switch (t) {
+    case DType::F32:
+      std::memmove(dst, src, static_cast<std::size_t>(n) * 4);
+      break;
+    case DType::BF16: {
+      auto* d = static_cast<std::uint16_t*>(dst);
+      for (std::int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
+      break;
+    }
+    case DType::F16: {
+      auto* d = static_cast<std::uint16_t*>(dst);
+      for (std::int64_t i = 0; i < n; ++i) d[i] = float_to_f16(src[i]);
+      break;
+    }
+    case DType::I32: {
+      auto* d = static_cast<std::int32_t*>(dst);
+      for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<std::int32_t>(src[i]);
+      break;
+    }
+  }
+}
+
+const unsigned char* byte_ptr(const void* p, DType t, std::int64_t off) {
+  return static_cast<const unsigned char*>(p) + static_cast<std::size_t>(off) * dtype_size(t);
+}
+
+}  // namespace
+
+const float* read_f32(const Tensor& t, std::int64_t off, std::int64_t n, float* buf) {
+  if (t.dtype() == DType::F32) return t.as<float>() + off;
+  to_f32_serial(byte_ptr(t.data(), t.dtype(), off), t.dtype(), n, buf);
+  return buf;
+}
+
+float* dest_f32(Tensor& t, std::int64_t off, float* buf) {
+  return t.dtype() == DType::F32 ? t.as<float>() + off : buf;
+}
+
+void write_f32(Tensor& t, std::int64_t off, std::int64_t n, const float* src) {
+  if (t.dtype() == DType::F32 && src == t.as<float>() + off) return;
+  from_f32_serial(src, t.dtype(), n,
+                  const_cast<unsigned char*>(byte_ptr(t.data(), t.dtype(), off)));
+}
+
+// Serial on purpose: these feed or drain an OpenBLAS GEMM (O(n) next to O(n·k)), and an OpenMP
+// region right before a threaded OpenBLAS call leaves the two thread pools spinning against
+// each other on the same cores (measured: a 256³ bf16 GEMM went from ~1 ms to ~50 ms).
+void convert_to_f32(const void* src, DType t, std::int64_t n, float* dst) {
+  to_f32_serial(src, t, n, dst);
+}
+
+void convert_from_f32(const float* src, DType t, std::int64_t n, void* dst) {
+  from_f32_serial(src, t, n, dst);
+}
+
+F32In::F32In(const Tensor& t, CachingAllocator& alloc) {
+  if (t.dtype() == DType::F32) {
+    p_ = t.as<float>();
+    return;
+  }
+  scratch_ = Tensor(alloc, t.shape(), DType::F32, Category::workspace);
+  convert_to_f32(t.data(), t.dtype(), t.numel(), scratch_.as<float>());
+  p_ = scratch_.as<float>();
+}
+
+F32Out::F32Out(Tensor& t, bool load_existing) : t_(t) {
+  if (t.dtype() == DType::F32) {
+    p_ = t.as<float>();
+    return;
+  }
+  scratch_ = Tensor(*t.allocator(), t.shape(), DType::F32, Category::workspace);
+  p_ = scratch_.as<float>();
+  if (load_existing) convert_to_f32(t.data(), t.dtype(), t.numel(), p_);
+}
+
+void F32Out::commit() {
+  if (scratch_.defined()) convert_from_f32(p_, t_.dtype(), t_.numel(), t_.data());
+}
+
+}  // namespace cpu
+}  // namespace memtrade

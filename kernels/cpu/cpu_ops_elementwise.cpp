@@ -1,0 +1,132 @@
+// Element-wise ops: fill, cast, add, scale, GELU, ReLU. Chunked so that each chunk is read into
+// fp32 (in place for F32), transformed, and rounded back to the output's dtype.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_ops_impl.h"
+
+namespace memtrade::cpu {
+namespace {
+
+// out = f(a) element-wise; f(const float* a, float* out, len). out may alias a.
+template <typename F>
+void map1(Tensor& out, const Tensor& a, F f) {
+  for_chunks(out.numel(), [&](std::int64_t off, std::int64_t len) {
+    float ba[kChunk], bo[kChunk];
+    const float* x = read_f32(a, off, len, ba);
+    float* y = dest_f32(out, off, bo);
+    f(x, y, len);
+    write_f32(out, off, len, y);
+  });
+}
+
+// out = f(a, b) element-wise. out may alias a or b.
+template <typename F>
+void map2(Tensor& out, const Tensor& a, const Tensor& b, F f) {
+  for_chunks(out.numel(), [&](std::int64_t off, std::int64_t len) {
+    float ba[kChunk], bb[kChunk], bo[kChunk];
+    const float* x = read_f32(a, off, len, ba);
+    const float* z = read_f32(b, off, len, bb);
+    float* y = dest_f32(out, off, bo);
+    f(x, z, y, len);
+    write_f32(out, off, len, y);
+  });
+}
+
+void check_unary(std::string_view op, const Tensor& out, const Tensor& inp) {
+  check_float(op, "out", out);
+  check_float(op, "inp", inp);
+  if (out.shape() != inp.shape())
+    fail(op, "out {} and inp {} differ", shape_str(out.shape()), shape_str(inp.shape()));
+}
+
+void check_binary(std::string_view op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  check_float(op, "out", out);
+  check_float(op, "a", a);
+  check_float(op, "b", b);
+  if (out.shape() != a.shape() || out.shape() != b.shape())
+    fail(op, "shapes differ: {}, {}, {}", shape_str(out.shape()), shape_str(a.shape()),
+         shape_str(b.shape()));
+}
+
+constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
+
+}  // namespace
+
+void CpuOps::fill(Tensor& t, float value) {
+  check_float("fill", "t", t);
+  for_chunks(t.numel(), [&](std::int64_t off, std::int64_t len) {
+    float buf[kChunk];
+    float* y = dest_f32(t, off, buf);
+    std::fill(y, y + len, value);
+    write_f32(t, off, len, y);
+  });
+}
+
+void CpuOps::cast(Tensor& dst, const Tensor& src) {
+  check_float("cast", "dst", dst);
+  check_float("cast", "src", src);
+  check_same_numel("cast", dst, src);
+  map1(dst, src, [](const float* x, float* y, std::int64_t n) { std::copy(x, x + n, y); });
+}
+
+void CpuOps::add(Tensor& out, const Tensor& a, const Tensor& b) {
+  check_binary("add", out, a, b);
+  map2(out, a, b, [](const float* x, const float* z, float* y, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] + z[i];
+  });
+}
+
+void CpuOps::add_inplace(Tensor& y, const Tensor& x) {
+  check_binary("add_inplace", y, y, x);
+  map2(y, y, x, [](const float* a, const float* b, float* o, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
+  });
+}
+
+void CpuOps::scale(Tensor& t, float s) {
+  check_float("scale", "t", t);
+  map1(t, t, [s](const float* x, float* y, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
+  });
+}
+
+void CpuOps::gelu_forward(Tensor& out, const Tensor& inp) {
+  check_unary("gelu_forward", out, inp);
+  map1(out, inp, [](const float* x, float* y, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float v = x[i];
+      y[i] = 0.5f * v * (1.0f + std::tanh(kGeluScale * (v + 0.044715f * v * v * v)));
+    }
+  });
+}
+
+void CpuOps::gelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) {
+  check_binary("gelu_backward", dinp, dout, inp);
+  map2(dinp, dout, inp, [](const float* g, const float* x, float* y, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float v = x[i];
+      const float th = std::tanh(kGeluScale * (v + 0.044715f * v * v * v));
+      const float sech2 = 1.0f - th * th;
+      const float local =
+          0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
+      y[i] = local * g[i];
+    }
+  });
+}
+
+void CpuOps::relu_forward(Tensor& out, const Tensor& inp) {
+  check_unary("relu_forward", out, inp);
+  map1(out, inp, [](const float* x, float* y, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  });
+}
+
+void CpuOps::relu_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) {
+  check_binary("relu_backward", dinp, dout, out);
+  map2(dinp, dout, out, [](const float* g, const float* o, float* y, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = o[i] > 0.0f ? g[i] : 0.0f;
+  });
+}
+
+}  // namespace memtrade::cpu

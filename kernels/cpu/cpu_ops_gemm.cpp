@@ -1,0 +1,209 @@
+// GEMM-based ops: matmul, linear forward/backward, and the sgemm they share.
+//
+// fp32 operands go straight to cblas_sgemm; 16-bit operands are converted to fp32 scratch
+// tensors (category temporaries, from the output's allocator) first, since OpenBLAS has no
+// half-precision GEMM and arithmetic is fp32 anyway.
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#ifdef MEMTRADE_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+#include "kernels/cpu/cpu_ops_impl.h"
+
+namespace memtrade::cpu {
+
+void blocked_sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                   float beta, float* c, std::int64_t ldc) {
+  // Row blocks of C go to threads; within one, a KB x NB panel of alpha·op(B) is packed so the
+  // innermost loop is a contiguous axpy over a row of C.
+  constexpr std::int64_t MB = 32, NB = 128, KB = 128;
+  const std::int64_t row_blocks = (m + MB - 1) / MB;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t rb = 0; rb < row_blocks; ++rb) {
+    float panel[KB * NB];
+    const std::int64_t i0 = rb * MB, i1 = std::min(m, i0 + MB);
+    for (std::int64_t i = i0; i < i1; ++i) {
+      float* crow = c + i * ldc;
+      if (beta == 0.0f) {
+        std::fill(crow, crow + n, 0.0f);  // beta = 0 must not propagate NaN from old C
+      } else if (beta != 1.0f) {
+        for (std::int64_t j = 0; j < n; ++j) crow[j] *= beta;
+      }
+    }
+    for (std::int64_t j0 = 0; j0 < n; j0 += NB) {
+      const std::int64_t nb = std::min(NB, n - j0);
+      for (std::int64_t p0 = 0; p0 < k; p0 += KB) {
+        const std::int64_t kb = std::min(KB, k - p0);
+        for (std::int64_t p = 0; p < kb; ++p)
+          for (std::int64_t j = 0; j < nb; ++j)
+            panel[p * NB + j] =
+                alpha * (trans_b ? b[(j0 + j) * ldb + p0 + p] : b[(p0 + p) * ldb + j0 + j]);
+        for (std::int64_t i = i0; i < i1; ++i) {
+          float* crow = c + i * ldc + j0;
+          for (std::int64_t p = 0; p < kb; ++p) {
+            const float aip = trans_a ? a[(p0 + p) * lda + i] : a[i * lda + p0 + p];
+            const float* brow = panel + p * NB;
+            for (std::int64_t j = 0; j < nb; ++j) crow[j] += aip * brow[j];
+          }
+        }
+      }
+    }
+  }
+}
+
+void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+           std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // C = beta·C; BLAS would do the same, but keep the NaN rule explicit
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+#ifdef MEMTRADE_HAVE_OPENBLAS
+  for (std::int64_t v : {m, n, k, lda, ldb, ldc})
+    if (v > INT_MAX) fail("sgemm", "dimension {} exceeds the BLAS int range", v);
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+#else
+  blocked_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
+}
+
+void CpuOps::matmul(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                    float alpha, float beta) {
+  constexpr std::string_view op = "matmul";
+  check_float(op, "c", c);
+  check_float(op, "a", a);
+  check_float(op, "b", b);
+  const int nd = c.ndim();
+  if ((nd != 2 && nd != 3) || a.ndim() != nd || b.ndim() != nd)
+    fail(op, "c {}, a {}, b {} must all be 2-D or all 3-D", shape_str(c.shape()),
+         shape_str(a.shape()), shape_str(b.shape()));
+  const std::int64_t batch = nd == 3 ? c.dim(0) : 1;
+  const std::int64_t m = c.dim(-2), n = c.dim(-1);
+  const std::int64_t k = trans_a ? a.dim(-2) : a.dim(-1);
+  const std::int64_t am = trans_a ? a.dim(-1) : a.dim(-2);
+  const std::int64_t bk = trans_b ? b.dim(-1) : b.dim(-2);
+  const std::int64_t bn = trans_b ? b.dim(-2) : b.dim(-1);
+  if (am != m || bk != k || bn != n || (nd == 3 && (a.dim(0) != batch || b.dim(0) != batch)))
+    fail(op, "shapes do not match: c {} = a{} {} · b{} {}", shape_str(c.shape()),
+         trans_a ? "ᵀ" : "", shape_str(a.shape()), trans_b ? "ᵀ" : "", shape_str(b.shape()));
+  F32In a32(a, *c.allocator());
+  F32In b32(b, *c.allocator());
+  F32Out c32(c, beta != 0.0f);
+  for (std::int64_t i = 0; i < batch; ++i)
+    sgemm(trans_a, trans_b, m, n, k, alpha, a32.data() + i * m * k, trans_a ? m : k,
+          b32.data() + i * k * n, trans_b ? k : n, beta, c32.data() + i * m * n, n);
+  c32.commit();
+}
+
+void CpuOps::linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
+                            const Tensor* bias) {
+  constexpr std::string_view op = "linear_forward";
+  check_float(op, "out", out);
+  check_float(op, "inp", inp);
+  check_float(op, "weight", weight);
+  if (weight.ndim() != 2 || inp.ndim() < 2)
+    fail(op, "weight {} must be (OC, C) and inp {} (N, C)", shape_str(weight.shape()),
+         shape_str(inp.shape()));
+  const std::int64_t oc = weight.dim(0), ch = weight.dim(1);
+  if (inp.dim(-1) != ch)
+    fail(op, "inp {} vs weight {}", shape_str(inp.shape()), shape_str(weight.shape()));
+  const std::int64_t rows = inp.numel() / ch;  // leading dims flatten to N
+  Shape out_shape = inp.shape();
+  out_shape.back() = oc;
+  check_shape(op, "out", out, out_shape);
+  if (bias) {
+    check_float(op, "bias", *bias);
+    check_shape(op, "bias", *bias, {oc});
+  }
+  F32In x(inp, *out.allocator());
+  F32In w(weight, *out.allocator());
+  F32Out y(out, false);
+  float beta = 0.0f;
+  if (bias) {
+    // Rows start as the bias and the GEMM adds onto them (beta = 1).
+    float buf[kChunk];
+    for (std::int64_t o = 0; o < oc; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, oc - o);
+      const float* bv = read_f32(*bias, o, len, buf);
+      // Serial on purpose: O(N·OC) copies next to an O(N·OC·C) GEMM, and an OpenMP region
+      // right before an OpenBLAS call makes the two thread pools fight over the cores.
+      float* yp = y.data();
+      for (std::int64_t r = 0; r < rows; ++r) std::memcpy(yp + r * oc + o, bv, len * 4);
+    }
+    beta = 1.0f;
+  }
+  sgemm(false, true, rows, oc, ch, 1.0f, x.data(), ch, w.data(), ch, beta, y.data(), oc);
+  y.commit();
+}
+
+void CpuOps::linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                             const Tensor& inp, const Tensor& weight, bool accumulate) {
+  constexpr std::string_view op = "linear_backward";
+  check_float(op, "dout", dout);
+  check_float(op, "inp", inp);
+  check_float(op, "weight", weight);
+  if (weight.ndim() != 2 || inp.ndim() < 2 || inp.dim(-1) != weight.dim(1))
+    fail(op, "inp {} and weight {} do not match", shape_str(inp.shape()),
+         shape_str(weight.shape()));
+  const std::int64_t oc = weight.dim(0), ch = weight.dim(1), rows = inp.numel() / ch;
+  Shape dout_shape = inp.shape();
+  dout_shape.back() = oc;
+  check_shape(op, "dout", dout, dout_shape);
+  if (dinp) {
+    check_float(op, "dinp", *dinp);
+    check_shape(op, "dinp", *dinp, inp.shape());
+  }
+  if (dweight) {
+    check_float(op, "dweight", *dweight);
+    check_shape(op, "dweight", *dweight, weight.shape());
+  }
+  if (dbias) {
+    check_float(op, "dbias", *dbias);
+    check_shape(op, "dbias", *dbias, {oc});
+  }
+  if (dinp) {  // dinp (N, C) = dout (N, OC) · weight (OC, C)
+    F32In g(dout, *dinp->allocator());
+    F32In w(weight, *dinp->allocator());
+    F32Out dx(*dinp, false);
+    sgemm(false, false, rows, ch, oc, 1.0f, g.data(), oc, w.data(), ch, 0.0f, dx.data(), ch);
+    dx.commit();
+  }
+  if (dweight) {  // dweight (OC, C) (+)= doutᵀ (OC, N) · inp (N, C)
+    F32In g(dout, *dweight->allocator());
+    F32In x(inp, *dweight->allocator());
+    F32Out dw(*dweight, accumulate);
+    sgemm(true, false, oc, ch, rows, 1.0f, g.data(), oc, x.data(), ch, accumulate ? 1.0f : 0.0f,
+          dw.data(), ch);
+    dw.commit();
+  }
+  if (dbias) {  // column sums of dout, each column block owned by one thread (deterministic)
+    for_chunks(oc, [&](std::int64_t o, std::int64_t len) {
+      float acc[kChunk], buf[kChunk], out_buf[kChunk];
+      std::fill(acc, acc + len, 0.0f);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float* g = read_f32(dout, r * oc + o, len, buf);
+        for (std::int64_t j = 0; j < len; ++j) acc[j] += g[j];
+      }
+      float* db = dest_f32(*dbias, o, out_buf);
+      if (accumulate) {
+        const float* old = read_f32(*dbias, o, len, buf);
+        for (std::int64_t j = 0; j < len; ++j) db[j] = old[j] + acc[j];
+      } else {
+        std::copy(acc, acc + len, db);
+      }
+      write_f32(*dbias, o, len, db);
+    });
+  }
+}
+
+}  // namespace memtrade::cpu

@@ -1,0 +1,227 @@
+// Token/position embeddings, cross-entropy, and reading a sum back to the host.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_ops_impl.h"
+
+namespace memtrade::cpu {
+namespace {
+
+void check_tokens(std::string_view op, const Tensor& tokens, std::int64_t vocab) {
+  check_i32(op, "tokens", tokens);
+  const std::int32_t* tk = tokens.as<std::int32_t>();
+  for (std::int64_t i = 0; i < tokens.numel(); ++i)
+    if (tk[i] < 0 || tk[i] >= vocab)
+      fail(op, "token {} at {} out of range [0, {})", tk[i], i, vocab);
+}
+
+// Checks (B, T) tokens, (V, C) wte-like and (maxT, C) wpe-like tables against (B, T, C).
+void check_embedding_shapes(std::string_view op, const Tensor& bt_c, const Tensor& tokens,
+                            const Tensor* wte, const Tensor* wpe) {
+  if (tokens.ndim() != 2 || bt_c.ndim() != 3 || bt_c.dim(0) != tokens.dim(0) ||
+      bt_c.dim(1) != tokens.dim(1))
+    fail(op, "tokens {} must be (B, T) and activations {} (B, T, C)", shape_str(tokens.shape()),
+         shape_str(bt_c.shape()));
+  for (const Tensor* w : {wte, wpe}) {
+    if (!w) continue;
+    check_float(op, w == wte ? "wte" : "wpe", *w);
+    if (w->ndim() != 2 || w->dim(1) != bt_c.dim(2))
+      fail(op, "table {} must be (rows, {})", shape_str(w->shape()), bt_c.dim(2));
+  }
+  if (wpe && wpe->dim(0) < tokens.dim(1))
+    fail(op, "T = {} exceeds the {} positions of wpe", tokens.dim(1), wpe->dim(0));
+}
+
+// Rows of logits and the matching targets, validated: targets < 0 are ignored (loss 0, no
+// gradient), as torch's ignore_index; targets >= V are an error.
+std::int64_t check_ce(std::string_view op, const Tensor& logits, const Tensor& targets) {
+  check_float(op, "logits", logits);
+  check_i32(op, "targets", targets);
+  if (logits.ndim() < 2) fail(op, "logits {} must be (N, V)", shape_str(logits.shape()));
+  const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
+  if (targets.numel() != n)
+    fail(op, "targets {} do not match logits {}", shape_str(targets.shape()),
+         shape_str(logits.shape()));
+  const std::int32_t* tg = targets.as<std::int32_t>();
+  for (std::int64_t i = 0; i < n; ++i)
+    if (tg[i] >= v) fail(op, "target {} at {} out of range [0, {})", tg[i], i, v);
+  return n;
+}
+
+// Max and Σexp(x − max) of one logits row.
+void row_logsumexp(const Tensor& logits, std::int64_t base, std::int64_t v, float& mx,
+                   double& sum) {
+  float buf[kChunk];
+  mx = -INFINITY;
+  for (std::int64_t o = 0; o < v; o += kChunk) {
+    const std::int64_t len = std::min(kChunk, v - o);
+    const float* x = read_f32(logits, base + o, len, buf);
+    for (std::int64_t j = 0; j < len; ++j) mx = std::max(mx, x[j]);
+  }
+  sum = 0.0;
+  for (std::int64_t o = 0; o < v; o += kChunk) {
+    const std::int64_t len = std::min(kChunk, v - o);
+    const float* x = read_f32(logits, base + o, len, buf);
+    for (std::int64_t j = 0; j < len; ++j) sum += std::exp(x[j] - mx);
+  }
+}
+
+}  // namespace
+
+void CpuOps::embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte,
+                               const Tensor& wpe) {
+  constexpr std::string_view op = "embedding_forward";
+  check_float(op, "out", out);
+  check_i32(op, "tokens", tokens);
+  check_embedding_shapes(op, out, tokens, &wte, &wpe);
+  check_tokens(op, tokens, wte.dim(0));
+  const std::int64_t bt = tokens.numel(), t_len = tokens.dim(1), c = out.dim(2);
+  const std::int32_t* tk = tokens.as<std::int32_t>();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < bt; ++i) {
+    float be[kChunk], bp[kChunk], bo[kChunk];
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* e = read_f32(wte, tk[i] * c + o, len, be);
+      const float* p = read_f32(wpe, (i % t_len) * c + o, len, bp);
+      float* y = dest_f32(out, i * c + o, bo);
+      for (std::int64_t j = 0; j < len; ++j) y[j] = e[j] + p[j];
+      write_f32(out, i * c + o, len, y);
+    }
+  }
+}
+
+void CpuOps::embedding_backward(Tensor* dwte, Tensor* dwpe, const Tensor& dout,
+                                const Tensor& tokens, bool accumulate) {
+  constexpr std::string_view op = "embedding_backward";
+  check_float(op, "dout", dout);
+  check_i32(op, "tokens", tokens);
+  check_embedding_shapes(op, dout, tokens, dwte, dwpe);
+  const std::int64_t bt = tokens.numel(), t_len = tokens.dim(1), c = dout.dim(2);
+  if (dwpe) {  // dwpe[t] (+)= Σ_b dout[b, t]; rows t >= T get nothing
+    if (!accumulate) fill(*dwpe, 0.0f);
+    const std::int64_t batch = tokens.dim(0);
+#pragma omp parallel for schedule(static)
+    for (std::int64_t t = 0; t < t_len; ++t) {
+      float acc[kChunk], bg[kChunk], bo[kChunk];
+      for (std::int64_t o = 0; o < c; o += kChunk) {
+        const std::int64_t len = std::min(kChunk, c - o);
+        const float* old = read_f32(*dwpe, t * c + o, len, bo);
+        std::copy(old, old + len, acc);
+        for (std::int64_t b = 0; b < batch; ++b) {
+          const float* g = read_f32(dout, (b * t_len + t) * c + o, len, bg);
+          for (std::int64_t j = 0; j < len; ++j) acc[j] += g[j];
+        }
+        float* y = dest_f32(*dwpe, t * c + o, bo);
+        std::copy(acc, acc + len, y);
+        write_f32(*dwpe, t * c + o, len, y);
+      }
+    }
+  }
+  if (dwte) {
+    check_tokens(op, tokens, dwte->dim(0));
+    if (!accumulate) fill(*dwte, 0.0f);
+    // Group positions by token (sorted by (token, position)) so that every row of dwte has
+    // one writer and a fixed summation order: no atomics, deterministic, one rounding per row.
+    Tensor order(*dwte->allocator(), {bt}, DType::I32, Category::temporaries);
+    std::int32_t* ord = order.as<std::int32_t>();
+    const std::int32_t* tk = tokens.as<std::int32_t>();
+    for (std::int64_t i = 0; i < bt; ++i) ord[i] = static_cast<std::int32_t>(i);
+    std::sort(ord, ord + bt, [tk](std::int32_t a, std::int32_t b) {
+      return tk[a] != tk[b] ? tk[a] < tk[b] : a < b;
+    });
+#pragma omp parallel for schedule(dynamic, 16)
+    for (std::int64_t s = 0; s < bt; ++s) {
+      const std::int32_t tok = tk[ord[s]];
+      if (s > 0 && tk[ord[s - 1]] == tok) continue;  // not the start of a group
+      std::int64_t e = s;
+      while (e < bt && tk[ord[e]] == tok) ++e;
+      float acc[kChunk], bg[kChunk], bo[kChunk];
+      for (std::int64_t o = 0; o < c; o += kChunk) {
+        const std::int64_t len = std::min(kChunk, c - o);
+        const float* old = read_f32(*dwte, tok * c + o, len, bo);
+        std::copy(old, old + len, acc);
+        for (std::int64_t i = s; i < e; ++i) {
+          const float* g = read_f32(dout, ord[i] * c + o, len, bg);
+          for (std::int64_t j = 0; j < len; ++j) acc[j] += g[j];
+        }
+        float* y = dest_f32(*dwte, tok * c + o, bo);
+        std::copy(acc, acc + len, y);
+        write_f32(*dwte, tok * c + o, len, y);
+      }
+    }
+  }
+}
+
+void CpuOps::crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets) {
+  constexpr std::string_view op = "crossentropy_forward";
+  const std::int64_t n = check_ce(op, logits, targets);
+  check_float(op, "losses", losses);
+  if (losses.numel() != n)
+    fail(op, "losses {} must have {} elements", shape_str(losses.shape()), n);
+  const std::int64_t v = logits.dim(-1);
+  const std::int32_t* tg = targets.as<std::int32_t>();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < n; ++r) {
+    float loss = 0.0f;
+    if (tg[r] >= 0) {
+      float mx;
+      double sum;
+      row_logsumexp(logits, r * v, v, mx, sum);
+      const float xt = load_as_float(logits.data(), logits.dtype(), r * v + tg[r]);
+      loss = static_cast<float>(std::log(sum) + mx - xt);
+    }
+    store_from_float(losses.data(), losses.dtype(), r, loss);
+  }
+}
+
+void CpuOps::crossentropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                                   float dloss) {
+  constexpr std::string_view op = "crossentropy_backward";
+  const std::int64_t n = check_ce(op, logits, targets);
+  check_float(op, "dlogits", dlogits);
+  check_shape(op, "dlogits", dlogits, logits.shape());
+  const std::int64_t v = logits.dim(-1);
+  const std::int32_t* tg = targets.as<std::int32_t>();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < n; ++r) {
+    float mx = 0.0f;
+    double sum = 1.0;
+    if (tg[r] >= 0) row_logsumexp(logits, r * v, v, mx, sum);
+    const float inv = static_cast<float>(1.0 / sum);
+    float bx[kChunk], bo[kChunk];
+    for (std::int64_t o = 0; o < v; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, v - o);
+      const float* x = read_f32(logits, r * v + o, len, bx);  // read before dlogits may alias
+      float* y = dest_f32(dlogits, r * v + o, bo);
+      if (tg[r] < 0) {
+        std::fill(y, y + len, 0.0f);
+      } else {
+        for (std::int64_t j = 0; j < len; ++j) {
+          const float onehot = (o + j == tg[r]) ? 1.0f : 0.0f;
+          y[j] = (std::exp(x[j] - mx) * inv - onehot) * dloss;
+        }
+      }
+      write_f32(dlogits, r * v + o, len, y);
+    }
+  }
+}
+
+double CpuOps::sum_to_host(const Tensor& t) {
+  if (!t.defined()) fail("sum_to_host", "tensor is undefined");
+  // Serial on purpose: a fixed summation order gives the same loss bits on every run.
+  double sum = 0.0;
+  float buf[kChunk];
+  for (std::int64_t o = 0; o < t.numel(); o += kChunk) {
+    const std::int64_t len = std::min(kChunk, t.numel() - o);
+    if (t.dtype() == DType::I32) {
+      for (std::int64_t j = 0; j < len; ++j) sum += t.as<std::int32_t>()[o + j];
+      continue;
+    }
+    const float* x = read_f32(t, o, len, buf);
+    for (std::int64_t j = 0; j < len; ++j) sum += x[j];
+  }
+  return sum;
+}
+
+}  // namespace memtrade::cpu

@@ -1,0 +1,225 @@
+// Layer-norm, softmax and batch-norm. Rows (or channels) go to threads; each row is streamed in
+// kChunk pieces, so any row length works with fixed stack buffers. Statistics are accumulated
+// in double so that they do not depend on the chunking.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_ops_impl.h"
+
+namespace memtrade::cpu {
+namespace {
+
+// Rows of a (N, C) view of t, C being the last dim.
+std::int64_t rows_of(const Tensor& t) {
+  return t.ndim() == 0 ? 1 : t.numel() / t.dim(-1);
+}
+
+void check_stat(std::string_view op, std::string_view name, const Tensor& t, std::int64_t n) {
+  if (!t.defined() || t.dtype() != DType::F32 || t.numel() != n)
+    fail(op, "{} must be F32 with {} elements, got {} {}", name, n, shape_str(t.shape()),
+         t.defined() ? dtype_name(t.dtype()) : "undefined");
+}
+
+// y[j] = a[j] (+ y_old[j] when accumulate) for a per-column parameter gradient chunk.
+void store_param_grad(Tensor& g, std::int64_t off, std::int64_t len, const float* acc,
+                      bool accumulate) {
+  float buf[kChunk], out[kChunk];
+  float* y = dest_f32(g, off, out);
+  if (accumulate) {
+    const float* old = read_f32(g, off, len, buf);
+    for (std::int64_t j = 0; j < len; ++j) y[j] = old[j] + acc[j];
+  } else {
+    std::copy(acc, acc + len, y);
+  }
+  write_f32(g, off, len, y);
+}
+
+}  // namespace
+
+void CpuOps::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
+                               const Tensor& weight, const Tensor& bias, float eps) {
+  constexpr std::string_view op = "layernorm_forward";
+  check_float(op, "inp", inp);
+  check_float(op, "out", out);
+  check_float(op, "weight", weight);
+  check_float(op, "bias", bias);
+  check_shape(op, "out", out, inp.shape());
+  const std::int64_t c = inp.dim(-1), n = rows_of(inp);
+  check_shape(op, "weight", weight, {c});
+  check_shape(op, "bias", bias, {c});
+  check_stat(op, "mean", mean, n);
+  check_stat(op, "rstd", rstd, n);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < n; ++r) {
+    float bx[kChunk], bw[kChunk], bb[kChunk], bo[kChunk];
+    const std::int64_t base = r * c;
+    double sum = 0.0;
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* x = read_f32(inp, base + o, len, bx);
+      for (std::int64_t j = 0; j < len; ++j) sum += x[j];
+    }
+    const double mu = sum / static_cast<double>(c);
+    double var = 0.0;
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* x = read_f32(inp, base + o, len, bx);
+      for (std::int64_t j = 0; j < len; ++j) var += (x[j] - mu) * (x[j] - mu);
+    }
+    const float m = static_cast<float>(mu);
+    const float s = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(c) + eps));
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* x = read_f32(inp, base + o, len, bx);
+      const float* w = read_f32(weight, o, len, bw);
+      const float* b = read_f32(bias, o, len, bb);
+      float* y = dest_f32(out, base + o, bo);
+      for (std::int64_t j = 0; j < len; ++j) y[j] = (x[j] - m) * s * w[j] + b[j];
+      write_f32(out, base + o, len, y);
+    }
+    mean.as<float>()[r] = m;
+    rstd.as<float>()[r] = s;
+  }
+}
+
+void CpuOps::layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                const Tensor& inp, const Tensor& weight, const Tensor& mean,
+                                const Tensor& rstd, bool accumulate) {
+  constexpr std::string_view op = "layernorm_backward";
+  check_float(op, "dinp", dinp);
+  check_float(op, "dout", dout);
+  check_float(op, "inp", inp);
+  check_float(op, "weight", weight);
+  check_shape(op, "dinp", dinp, inp.shape());
+  check_shape(op, "dout", dout, inp.shape());
+  const std::int64_t c = inp.dim(-1), n = rows_of(inp);
+  check_shape(op, "weight", weight, {c});
+  check_stat(op, "mean", mean, n);
+  check_stat(op, "rstd", rstd, n);
+  if (dweight) {
+    check_float(op, "dweight", *dweight);
+    check_shape(op, "dweight", *dweight, {c});
+  }
+  if (dbias) {
+    check_float(op, "dbias", *dbias);
+    check_shape(op, "dbias", *dbias, {c});
+  }
+  const float* mu = mean.as<float>();
+  const float* rs = rstd.as<float>();
+  // Parameter gradients first (column blocks per thread, rows in order: deterministic), since
+  // dinp may alias dout.
+  if (dweight || dbias) {
+    for_chunks(c, [&](std::int64_t o, std::int64_t len) {
+      float accw[kChunk], accb[kChunk], bx[kChunk], bg[kChunk];
+      std::fill(accw, accw + len, 0.0f);
+      std::fill(accb, accb + len, 0.0f);
+      for (std::int64_t r = 0; r < n; ++r) {
+        const float* x = read_f32(inp, r * c + o, len, bx);
+        const float* g = read_f32(dout, r * c + o, len, bg);
+        for (std::int64_t j = 0; j < len; ++j) {
+          accw[j] += (x[j] - mu[r]) * rs[r] * g[j];
+          accb[j] += g[j];
+        }
+      }
+      if (dweight) store_param_grad(*dweight, o, len, accw, accumulate);
+      if (dbias) store_param_grad(*dbias, o, len, accb, accumulate);
+    });
+  }
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < n; ++r) {
+    float bx[kChunk], bg[kChunk], bw[kChunk], bo[kChunk];
+    const std::int64_t base = r * c;
+    double dnorm_mean = 0.0, dnorm_norm_mean = 0.0;
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* x = read_f32(inp, base + o, len, bx);
+      const float* g = read_f32(dout, base + o, len, bg);
+      const float* w = read_f32(weight, o, len, bw);
+      for (std::int64_t j = 0; j < len; ++j) {
+        const float dnorm = w[j] * g[j];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * (x[j] - mu[r]) * rs[r];
+      }
+    }
+    const float dm = static_cast<float>(dnorm_mean / static_cast<double>(c));
+    const float dnm = static_cast<float>(dnorm_norm_mean / static_cast<double>(c));
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* x = read_f32(inp, base + o, len, bx);
+      const float* g = read_f32(dout, base + o, len, bg);
+      const float* w = read_f32(weight, o, len, bw);
+      float* y = dest_f32(dinp, base + o, bo);
+      for (std::int64_t j = 0; j < len; ++j) {
+        const float norm = (x[j] - mu[r]) * rs[r];
+        y[j] = (w[j] * g[j] - dm - norm * dnm) * rs[r];
+      }
+      write_f32(dinp, base + o, len, y);
+    }
+  }
+}
+
+void CpuOps::softmax_forward(Tensor& out, const Tensor& inp) {
+  constexpr std::string_view op = "softmax_forward";
+  check_float(op, "out", out);
+  check_float(op, "inp", inp);
+  check_shape(op, "out", out, inp.shape());
+  const std::int64_t c = inp.dim(-1), n = rows_of(inp);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < n; ++r) {
+    float bx[kChunk], bo[kChunk];
+    const std::int64_t base = r * c;
+    float mx = -INFINITY;
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* x = read_f32(inp, base + o, len, bx);
+      for (std::int64_t j = 0; j < len; ++j) mx = std::max(mx, x[j]);
+    }
+    double sum = 0.0;
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* x = read_f32(inp, base + o, len, bx);
+      for (std::int64_t j = 0; j < len; ++j) sum += std::exp(x[j] - mx);
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* x = read_f32(inp, base + o, len, bx);
+      float* y = dest_f32(out, base + o, bo);
+      for (std::int64_t j = 0; j < len; ++j) y[j] = std::exp(x[j] - mx) * inv;
+      write_f32(out, base + o, len, y);
+    }
+  }
+}
+
+void CpuOps::softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) {
+  constexpr std::string_view op = "softmax_backward";
+  check_float(op, "dinp", dinp);
+  check_float(op, "dout", dout);
+  check_float(op, "out", out);
+  check_shape(op, "dinp", dinp, out.shape());
+  check_shape(op, "dout", dout, out.shape());
+  const std::int64_t c = out.dim(-1), n = rows_of(out);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < n; ++r) {
+    float bg[kChunk], by[kChunk], bo[kChunk];
+    const std::int64_t base = r * c;
+    double dot = 0.0;
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* g = read_f32(dout, base + o, len, bg);
+      const float* y = read_f32(out, base + o, len, by);
+      for (std::int64_t j = 0; j < len; ++j) dot += g[j] * y[j];
+    }
+    const float d = static_cast<float>(dot);
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* g = read_f32(dout, base + o, len, bg);
+      const float* y = read_f32(out, base + o, len, by);
+      float* dx = dest_f32(dinp, base + o, bo);
+      for (std::int64_t j = 0; j < len; ++j) dx[j] = y[j] * (g[j] - d);
+      write_f32(dinp, base + o, len, dx);
+    }
+  }
+}
+
+}  // namespace memtrade::cpu

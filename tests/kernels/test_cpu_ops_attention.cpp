@@ -1,0 +1,78 @@
+// Causal self-attention on packed qkv against a naive double implementation.
+#include "tests/kernels/test_cpu_ops_common.h"
+
+namespace memtrade::test {
+namespace {
+
+// nanoGPT packing: q = qkv[..., 0:C], k = [C:2C], v = [2C:3C]; head h uses columns h·hd.
+Vec ref_attention(const Vec& qkv, int b_n, int t_n, int c, int nh, Vec* att = nullptr) {
+  const int hd = c / nh;
+  Vec out(b_n * t_n * c, 0.0);
+  if (att) att->assign(static_cast<std::size_t>(b_n) * nh * t_n * t_n, 0.0);
+  for (int b = 0; b < b_n; ++b)
+    for (int h = 0; h < nh; ++h)
+      for (int t = 0; t < t_n; ++t) {
+        auto at = [&](int tt, int part, int i) {
+          return qkv[(b * t_n + tt) * 3 * c + part * c + h * hd + i];
+        };
+        Vec s(t + 1);
+        double mx = -1e300;
+        for (int j = 0; j <= t; ++j) {
+          double d = 0;
+          for (int i = 0; i < hd; ++i) d += at(t, 0, i) * at(j, 1, i);
+          s[j] = d / std::sqrt(static_cast<double>(hd));
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= t; ++j) sum += (s[j] = std::exp(s[j] - mx));
+        for (int j = 0; j <= t; ++j) {
+          const double p = s[j] / sum;
+          if (att) (*att)[((b * nh + h) * t_n + t) * t_n + j] = p;
+          for (int i = 0; i < hd; ++i) out[(b * t_n + t) * c + h * hd + i] += p * at(j, 2, i);
+        }
+      }
+  return out;
+}
+
+TEST_F(OpsTest, AttentionForwardBackward) {
+  const int b = 2, t = 5, c = 8, nh = 2;
+  auto qkv = rand_vec(b * t * 3 * c, 1, 1.5f), r = rand_vec(b * t * c, 2);
+  Tensor tq = make({b, t, 3 * c}, qkv), out = garbage({b, t, c}), att = garbage({b, nh, t, t});
+  ops().attention_forward(out, att, tq, nh);
+  Vec want_att;
+  const Vec want = ref_attention(to_d(qkv), b, t, c, nh, &want_att);
+  expect_close(get(out), want, 1e-6, 1e-5, "attention out");
+  expect_close(get(att), want_att, 1e-7, 1e-5, "attention probs (zeros above the diagonal)");
+
+  Tensor att2 = garbage({b, nh, t, t});
+  ops().attention_probs(att2, tq, nh);
+  expect_close(get(att2), want_att, 1e-7, 1e-5, "attention_probs");
+
+  Tensor dout = make({b, t, c}, r), dqkv = garbage({b, t, 3 * c});
+  ops().attention_backward(dqkv, dout, tq, att, nh);
+  expect_close(
+      get(dqkv),
+      fd_grad([&](const Vec& v) { return ref_attention(v, b, t, c, nh); }, to_d(qkv), to_d(r)),
+      1e-5, 1e-4, "attention dqkv");
+}
+
+TEST_F(OpsTest, AttentionLongerSequence) {
+  // T large enough for the parallel softmax rows and a non-trivial GEMM.
+  const int b = 1, t = 40, c = 12, nh = 3;
+  auto qkv = rand_vec(b * t * 3 * c, 3, 2.0f);
+  Tensor tq = make({b, t, 3 * c}, qkv), out = garbage({b, t, c}), att = garbage({b, nh, t, t});
+  ops().attention_forward(out, att, tq, nh);
+  expect_close(get(out), ref_attention(to_d(qkv), b, t, c, nh), 1e-6, 1e-5, "attention T=40");
+}
+
+TEST_F(OpsTest, AttentionRejectsBadShapes) {
+  Tensor tq = zeros({2, 5, 24}), out = zeros({2, 5, 8}), att = zeros({2, 2, 5, 5});
+  EXPECT_THROW(ops().attention_forward(out, att, tq, 3), std::invalid_argument);  // 8 % 3
+  Tensor att_bad = zeros({2, 2, 5, 4});
+  EXPECT_THROW(ops().attention_forward(out, att_bad, tq, 2), std::invalid_argument);
+  Tensor tq_bad = zeros({2, 5, 25});
+  EXPECT_THROW(ops().attention_probs(att, tq_bad, 1), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace memtrade::test

@@ -1,0 +1,95 @@
+// conv2d forward/backward (im2col + GEMM) against a direct double convolution.
+#include <tuple>
+
+#include "tests/kernels/test_cpu_ops_common.h"
+
+namespace memtrade::test {
+namespace {
+
+struct Conv {
+  int n, ci, h, w, co, k, stride, pad;
+  int oh() const { return (h + 2 * pad - k) / stride + 1; }
+  int ow() const { return (w + 2 * pad - k) / stride + 1; }
+};
+
+Vec ref_conv(const Conv& d, const Vec& x, const Vec& wt, const Vec* b) {
+  Vec y(static_cast<std::size_t>(d.n) * d.co * d.oh() * d.ow(), 0.0);
+  for (int i = 0; i < d.n; ++i)
+    for (int o = 0; o < d.co; ++o)
+      for (int oy = 0; oy < d.oh(); ++oy)
+        for (int ox = 0; ox < d.ow(); ++ox) {
+          double s = b ? (*b)[o] : 0.0;
+          for (int c = 0; c < d.ci; ++c)
+            for (int ky = 0; ky < d.k; ++ky)
+              for (int kx = 0; kx < d.k; ++kx) {
+                const int iy = oy * d.stride - d.pad + ky, ix = ox * d.stride - d.pad + kx;
+                if (iy < 0 || iy >= d.h || ix < 0 || ix >= d.w) continue;
+                s += x[((i * d.ci + c) * d.h + iy) * d.w + ix] *
+                     wt[((o * d.ci + c) * d.k + ky) * d.k + kx];
+              }
+          y[((i * d.co + o) * d.oh() + oy) * d.ow() + ox] = s;
+        }
+  return y;
+}
+
+class ConvTest : public OpsTest, public ::testing::WithParamInterface<std::tuple<int, int, int>> {};
+
+TEST_P(ConvTest, ForwardBackward) {
+  const auto [k, stride, pad] = GetParam();
+  const Conv d{2, 3, 6, 5, 4, k, stride, pad};
+  const int oh = d.oh(), ow = d.ow();
+  auto x = rand_vec(d.n * d.ci * d.h * d.w, 1), wt = rand_vec(d.co * d.ci * k * k, 2),
+       b = rand_vec(d.co, 3), r = rand_vec(d.n * d.co * oh * ow, 4);
+  const Vec bd = to_d(b);
+  Tensor tx = make({d.n, d.ci, d.h, d.w}, x), tw = make({d.co, d.ci, k, k}, wt),
+         tb = make({d.co}, b), out = garbage({d.n, d.co, oh, ow});
+  ops().conv2d_forward(out, tx, tw, &tb, stride, pad);
+  expect_close(get(out), ref_conv(d, to_d(x), to_d(wt), &bd), 1e-5, 1e-5, "conv forward");
+
+  Tensor dout = make({d.n, d.co, oh, ow}, r), dx = garbage({d.n, d.ci, d.h, d.w}),
+         dw = garbage({d.co, d.ci, k, k}), db = garbage({d.co});
+  ops().conv2d_backward(&dx, &dw, &db, dout, tx, tw, stride, pad, false);
+  const Vec rd = to_d(r);
+  auto gx = fd_grad([&](const Vec& q) { return ref_conv(d, q, to_d(wt), &bd); }, to_d(x), rd);
+  auto gw = fd_grad([&](const Vec& q) { return ref_conv(d, to_d(x), q, &bd); }, to_d(wt), rd);
+  auto gb = fd_grad([&](const Vec& q) { return ref_conv(d, to_d(x), to_d(wt), &q); }, bd, rd);
+  expect_close(get(dx), gx, 1e-5, 1e-4, "conv dinp");
+  expect_close(get(dw), gw, 1e-5, 1e-4, "conv dweight");
+  expect_close(get(db), gb, 1e-5, 1e-4, "conv dbias");
+  ops().conv2d_backward(nullptr, &dw, &db, dout, tx, tw, stride, pad, true);
+  for (auto& v : gw) v *= 2;
+  for (auto& v : gb) v *= 2;
+  expect_close(get(dw), gw, 1e-5, 1e-4, "conv dweight accumulated");
+  expect_close(get(db), gb, 1e-5, 1e-4, "conv dbias accumulated");
+  Tensor out_nb = garbage({d.n, d.co, oh, ow});
+  ops().conv2d_forward(out_nb, tx, tw, nullptr, stride, pad);
+  expect_close(get(out_nb), ref_conv(d, to_d(x), to_d(wt), nullptr), 1e-5, 1e-5, "no bias");
+}
+
+INSTANTIATE_TEST_SUITE_P(KernelStridePad, ConvTest,
+                         ::testing::Values(std::tuple{3, 1, 0}, std::tuple{3, 1, 1},
+                                           std::tuple{3, 2, 0}, std::tuple{3, 2, 1},
+                                           std::tuple{1, 1, 0}, std::tuple{1, 2, 0}));
+
+TEST_F(OpsTest, ConvUsesWorkspaceScratchAndFreesIt) {
+  Tensor tx = make({2, 3, 8, 8}, rand_vec(2 * 3 * 64, 5)),
+         tw = make({4, 3, 3, 3}, rand_vec(108, 6));
+  Tensor out = zeros({2, 4, 8, 8});
+  const auto before = mem().stats().allocated.current;
+  mem().reset_peak();
+  ops().conv2d_forward(out, tx, tw, nullptr, 1, 1);
+  EXPECT_EQ(mem().stats().allocated.current, before);
+  EXPECT_GT(mem().stats().allocated.peak, before);
+  EXPECT_GT(mem().stats().by_category_at_peak[static_cast<int>(Category::workspace)], 0);
+}
+
+TEST_F(OpsTest, ConvRejectsBadShapes) {
+  Tensor tx = zeros({1, 3, 4, 4}), tw = zeros({2, 2, 3, 3}), out = zeros({1, 2, 2, 2});
+  EXPECT_THROW(ops().conv2d_forward(out, tx, tw, nullptr, 1, 0), std::invalid_argument);
+  Tensor tw2 = zeros({2, 3, 3, 3}), out_bad = zeros({1, 2, 3, 3});
+  EXPECT_THROW(ops().conv2d_forward(out_bad, tx, tw2, nullptr, 1, 0), std::invalid_argument);
+  EXPECT_THROW(ops().conv2d_forward(out, tx, tw2, nullptr, 0, 0), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace memtrade::test
