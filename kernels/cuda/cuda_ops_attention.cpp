@@ -1,0 +1,207 @@
+// Causal self-attention on packed qkv (B, T, 3C) in the straightforward form: strided batched
+// GEMMs straight on the packed tensor (q, k, v of head h are columns h·hd.. of their third, row
+// stride 3C), a causal softmax kernel in place on att, and att·v. One batched GEMM covers the NH
+// heads of one sequence (head h starts hd elements after head h-1: a uniform batch stride);
+// sequences are a host loop because the (b, h) offsets are not one stride.
+//
+// GEMMs run in qkv's dtype; att, out, dout and dqkv of another dtype go through cast scratch
+// (Category::workspace). Scratch differs from the CPU backend's: attention_backward's dP here is
+// (B, NH, T, T) in qkv's dtype (Category::temporaries), where the CPU walks the (b, h) slices
+// one at a time with a (T, T) fp32 slice. 16-bit attention also rounds the scaled scores to
+// 16 bits before the softmax (the CPU keeps them fp32), so its probabilities differ by ~1 ulp.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "kernels/cuda/cuda_ops.h"
+
+namespace memtrade::cuda {
+namespace {
+
+struct Dims {
+  std::int64_t b, t, c, nh, hd;
+};
+
+Dims check_qkv(std::string_view op, const Tensor& qkv, int n_head) {
+  check_float(op, "qkv", qkv);
+  if (qkv.ndim() != 3 || qkv.dim(2) % 3 != 0 || n_head < 1 || (qkv.dim(2) / 3) % n_head != 0)
+    fail(op, fmt::format("qkv {} must be (B, T, 3C) with C divisible by n_head = {}",
+                         shape_str(qkv.shape()), n_head));
+  const std::int64_t c = qkv.dim(2) / 3;
+  return {qkv.dim(0), qkv.dim(1), c, n_head, c / n_head};
+}
+
+const void* at(const void* p, DType t, std::int64_t elems) {
+  return static_cast<const unsigned char*>(p) + elems * static_cast<std::int64_t>(dtype_size(t));
+}
+void* at(void* p, DType t, std::int64_t elems) {
+  return static_cast<unsigned char*>(p) + elems * static_cast<std::int64_t>(dtype_size(t));
+}
+
+// A batched-over-heads GEMM of one sequence; the caller fills pointers and leading dims.
+GemmDesc head_gemm(DType d, const Dims& dm, std::int64_t m, std::int64_t n, std::int64_t k) {
+  GemmDesc g;
+  g.ab = d;
+  g.c_type = d;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.batch = dm.nh;
+  return g;
+}
+
+}  // namespace
+
+void CudaOps::attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head,
+                             std::string_view op) {
+  const Dims d = check_qkv(op, qkv, n_head);
+  check_float(op, "att", att);
+  check_shape(op, "att", att, {d.b, d.nh, d.t, d.t});
+  if (out) {
+    check_float(op, "out", *out);
+    check_shape(op, "out", *out, {d.b, d.t, d.c});
+  }
+  if (d.b == 0 || d.t == 0) return;
+  const DType dt = qkv.dtype();
+  const std::int64_t tt = d.t, c3 = 3 * d.c;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
+  AsDTypeOut att_(att, dt, false, stream_);
+  for (std::int64_t b = 0; b < d.b; ++b) {
+    // att[b, h] (T, T) = scale · q[b, :, h] (T, hd) · k[b, :, h]ᵀ
+    GemmDesc g = head_gemm(dt, d, tt, tt, d.hd);
+    g.a = at(qkv.data(), dt, b * tt * c3);
+    g.b = at(qkv.data(), dt, b * tt * c3 + d.c);
+    g.c = at(att_.data(), dt, b * d.nh * tt * tt);
+    g.trans_b = true;
+    g.lda = c3;
+    g.ldb = c3;
+    g.ldc = tt;
+    g.stride_a = d.hd;
+    g.stride_b = d.hd;
+    g.stride_c = tt * tt;
+    g.alpha = scale;
+    gemm(g);
+  }
+  launch_causal_softmax(att_.data(), dt, d.b * d.nh * tt, tt, stream_);
+  if (out) {
+    AsDTypeOut out_(*out, dt, false, stream_);
+    for (std::int64_t b = 0; b < d.b; ++b) {
+      // out[b, :, h] (T, hd) = att[b, h] (T, T) · v[b, :, h] (T, hd)
+      GemmDesc g = head_gemm(dt, d, tt, d.hd, tt);
+      g.a = at(att_.data(), dt, b * d.nh * tt * tt);
+      g.b = at(qkv.data(), dt, b * tt * c3 + 2 * d.c);
+      g.c = at(out_.data(), dt, b * tt * d.c);
+      g.lda = tt;
+      g.ldb = c3;
+      g.ldc = d.c;
+      g.stride_a = tt * tt;
+      g.stride_b = d.hd;
+      g.stride_c = d.hd;
+      gemm(g);
+    }
+    out_.commit();
+  }
+  att_.commit();
+}
+
+void CudaOps::attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) {
+  NvtxRange range("attention_forward");
+  attention_impl(&out, att, qkv, n_head, "attention_forward");
+}
+
+void CudaOps::attention_probs(Tensor& att, const Tensor& qkv, int n_head) {
+  NvtxRange range("attention_probs");
+  attention_impl(nullptr, att, qkv, n_head, "attention_probs");
+}
+
+void CudaOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                 const Tensor& att, int n_head) {
+  NvtxRange range("attention_backward");
+  constexpr std::string_view op = "attention_backward";
+  const Dims d = check_qkv(op, qkv, n_head);
+  check_float(op, "dqkv", dqkv);
+  check_float(op, "dout", dout);
+  check_float(op, "att", att);
+  check_shape(op, "dqkv", dqkv, qkv.shape());
+  check_shape(op, "dout", dout, {d.b, d.t, d.c});
+  check_shape(op, "att", att, {d.b, d.nh, d.t, d.t});
+  if (d.b == 0 || d.t == 0) return;
+  const DType dt = qkv.dtype();
+  const std::int64_t tt = d.t, c3 = 3 * d.c;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
+  CachingAllocator& alloc = *dqkv.allocator();
+  AsDType att_(att, dt, alloc, stream_);
+  AsDType dout_(dout, dt, alloc, stream_);
+  AsDTypeOut dqkv_(dqkv, dt, false, stream_);
+  Tensor dp(alloc, {d.b, d.nh, tt, tt}, dt, Category::temporaries);  // (B, NH, T, T)
+  for (std::int64_t b = 0; b < d.b; ++b) {
+    const std::int64_t seq = b * tt * c3;          // qkv / dqkv offset of sequence b
+    const std::int64_t slab = b * d.nh * tt * tt;  // att / dp offset of sequence b
+    {  // dP[b, h] (T, T) = dout[b, :, h] (T, hd) · v[b, :, h]ᵀ
+      GemmDesc g = head_gemm(dt, d, tt, tt, d.hd);
+      g.a = at(dout_.data(), dt, b * tt * d.c);
+      g.b = at(qkv.data(), dt, seq + 2 * d.c);
+      g.c = at(dp.data(), dt, slab);
+      g.trans_b = true;
+      g.lda = d.c;
+      g.ldb = c3;
+      g.ldc = tt;
+      g.stride_a = d.hd;
+      g.stride_b = d.hd;
+      g.stride_c = tt * tt;
+      gemm(g);
+    }
+    {  // dv[b, :, h] (T, hd) = att[b, h]ᵀ (T, T) · dout[b, :, h] (T, hd)
+      GemmDesc g = head_gemm(dt, d, tt, d.hd, tt);
+      g.a = at(att_.data(), dt, slab);
+      g.b = at(dout_.data(), dt, b * tt * d.c);
+      g.c = at(dqkv_.data(), dt, seq + 2 * d.c);
+      g.trans_a = true;
+      g.lda = tt;
+      g.ldb = d.c;
+      g.ldc = c3;
+      g.stride_a = tt * tt;
+      g.stride_b = d.hd;
+      g.stride_c = d.hd;
+      gemm(g);
+    }
+  }
+  // dS = P ⊙ (dP − Σ_j P·dP), in place; the 1/√hd of the scores goes into the GEMMs' alpha.
+  launch_causal_softmax_backward(dp.data(), dt, att_.data(), dt, d.b * d.nh * tt, tt, stream_);
+  for (std::int64_t b = 0; b < d.b; ++b) {
+    const std::int64_t seq = b * tt * c3;
+    const std::int64_t slab = b * d.nh * tt * tt;
+    {  // dq[b, :, h] (T, hd) = scale · dS[b, h] (T, T) · k[b, :, h] (T, hd)
+      GemmDesc g = head_gemm(dt, d, tt, d.hd, tt);
+      g.a = at(dp.data(), dt, slab);
+      g.b = at(qkv.data(), dt, seq + d.c);
+      g.c = at(dqkv_.data(), dt, seq);
+      g.lda = tt;
+      g.ldb = c3;
+      g.ldc = c3;
+      g.stride_a = tt * tt;
+      g.stride_b = d.hd;
+      g.stride_c = d.hd;
+      g.alpha = scale;
+      gemm(g);
+    }
+    {  // dk[b, :, h] (T, hd) = scale · dS[b, h]ᵀ (T, T) · q[b, :, h] (T, hd)
+      GemmDesc g = head_gemm(dt, d, tt, d.hd, tt);
+      g.a = at(dp.data(), dt, slab);
+      g.b = at(qkv.data(), dt, seq);
+      g.c = at(dqkv_.data(), dt, seq + d.c);
+      g.trans_a = true;
+      g.lda = tt;
+      g.ldb = c3;
+      g.ldc = c3;
+      g.stride_a = tt * tt;
+      g.stride_b = d.hd;
+      g.stride_c = d.hd;
+      g.alpha = scale;
+      gemm(g);
+    }
+  }
+  dqkv_.commit();
+}
+
+}  // namespace memtrade::cuda

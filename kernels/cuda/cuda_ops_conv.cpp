@@ -1,0 +1,298 @@
+// 2-D convolution (NCHW) on cuDNN's legacy API: cudnnConvolutionForward / BackwardData /
+// BackwardFilter, each with the algorithm cuDNN's heuristics rank first (cudnnGet*_v7, which
+// runs nothing and allocates nothing) among those whose workspace is within kConvWorkspaceLimit;
+// the choice is cached per shape. The workspace comes from the output's allocator
+// (Category::workspace) for the duration of the call; should that allocation fail, the
+// candidate with the smallest workspace (usually none) is tried instead.
+//
+// fp32 runs with FMA math (no TF32) unless tf32 is on; fp16/bf16 with tensor-op math and fp32
+// accumulation. cuDNN wants x, w and y of one dtype: the activations' dtype is used and the
+// other operands are cast through scratch (Category::workspace); a parameter gradient of
+// another dtype is computed fresh and then added in fp32 (launch_store_grad). The bias add and
+// the bias gradient are own kernels (launch_channel_*).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "kernels/cuda/cuda_ops.h"
+
+namespace memtrade::cuda {
+namespace {
+
+constexpr std::size_t kConvWorkspaceLimit = 1 * GiB;
+
+struct ConvDims {
+  std::int64_t n, ci, h, w, co, kh, kw, oh, ow, stride, pad;
+};
+
+ConvDims check_conv(std::string_view op, const Tensor& inp, const Tensor& weight, int stride,
+                    int pad) {
+  check_float(op, "inp", inp);
+  check_float(op, "weight", weight);
+  if (inp.ndim() != 4 || weight.ndim() != 4 || weight.dim(1) != inp.dim(1))
+    fail(op, fmt::format("inp {} must be (N, Ci, H, W) and weight {} (Co, Ci, KH, KW)",
+                         shape_str(inp.shape()), shape_str(weight.shape())));
+  if (stride < 1 || pad < 0)
+    fail(op, fmt::format("stride {} must be >= 1 and pad {} >= 0", stride, pad));
+  ConvDims d{
+      inp.dim(0), inp.dim(1), inp.dim(2), inp.dim(3), weight.dim(0), weight.dim(2), weight.dim(3),
+      0,          0,          stride,     pad};
+  if (d.h + 2 * pad < d.kh || d.w + 2 * pad < d.kw)
+    fail(op, fmt::format("kernel {} larger than the padded input {}", shape_str(weight.shape()),
+                         shape_str(inp.shape())));
+  d.oh = (d.h + 2 * pad - d.kh) / stride + 1;
+  d.ow = (d.w + 2 * pad - d.kw) / stride + 1;
+  for (std::int64_t v : {d.n, d.ci, d.h, d.w, d.co, d.kh, d.kw})
+    if (v > INT_MAX) fail(op, fmt::format("dimension {} exceeds cuDNN's int range", v));
+  return d;
+}
+
+cudnnDataType_t cudnn_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return CUDNN_DATA_FLOAT;
+    case DType::F16:
+      return CUDNN_DATA_HALF;
+    case DType::BF16:
+      return CUDNN_DATA_BFLOAT16;
+    case DType::I32:
+      break;
+  }
+  throw std::invalid_argument("conv2d: i32 tensors are not supported");
+}
+
+int as_int(std::int64_t v) {
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+struct CudaOps::ConvDescs {
+  ConvDims d;
+  DType dtype;
+  bool tf32;
+  TensorDesc x, y;
+  FilterDesc w;
+  ConvDesc conv;
+
+  ConvDescs(const ConvDims& dims, DType t, bool use_tf32)
+      : d(dims),
+        dtype(t),
+        tf32(use_tf32),
+        x(TensorDesc::create()),
+        y(TensorDesc::create()),
+        w(FilterDesc::create()),
+        conv(ConvDesc::create()) {
+    const cudnnDataType_t ct = cudnn_type(t);
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x.get(), CUDNN_TENSOR_NCHW, ct, as_int(d.n),
+                                           as_int(d.ci), as_int(d.h), as_int(d.w)));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y.get(), CUDNN_TENSOR_NCHW, ct, as_int(d.n),
+                                           as_int(d.co), as_int(d.oh), as_int(d.ow)));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w.get(), ct, CUDNN_TENSOR_NCHW, as_int(d.co),
+                                           as_int(d.ci), as_int(d.kh), as_int(d.kw)));
+    // fp32 accumulation for every dtype (16-bit: cuDNN's "pseudo half" configuration).
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv.get(), as_int(d.pad), as_int(d.pad),
+                                                as_int(d.stride), as_int(d.stride), 1, 1,
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv.get(), requested_math()));
+  }
+
+  // FMA math keeps fp32 exact (CUDNN_DEFAULT_MATH would allow TF32 on Ampere and later).
+  cudnnMathType_t requested_math() const {
+    if (dtype == DType::F32) return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    return CUDNN_TENSOR_OP_MATH;
+  }
+
+  ConvKey key(int dir) const {
+    return {d.n,  d.ci, d.h,      d.w,   d.co,
+            d.kh, d.kw, d.stride, d.pad, static_cast<std::int64_t>(dtype),
+            tf32, dir};
+  }
+};
+
+namespace {
+
+// Keeps the usable results of a cudnnGet*_v7 query, best first; for exact fp32, FMA math only.
+template <typename Perf>
+std::vector<ConvChoice> usable(const Perf* perf, int count, bool exact_f32) {
+  std::vector<ConvChoice> all, fma;
+  for (int i = 0; i < count; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kConvWorkspaceLimit) continue;
+    const ConvChoice c{static_cast<int>(perf[i].algo), perf[i].mathType, perf[i].memory};
+    all.push_back(c);
+    if (perf[i].mathType == CUDNN_FMA_MATH) fma.push_back(c);
+  }
+  if (!exact_f32) return all;
+  if (!fma.empty()) return fma;
+  // Listed for a descriptor set to FMA math, so runnable with it: never let TF32 in silently.
+  for (ConvChoice& c : all) c.math = CUDNN_FMA_MATH;
+  return all;
+}
+
+}  // namespace
+
+const std::vector<ConvChoice>& CudaOps::conv_candidates(const ConvDescs& d, int dir) {
+  const ConvKey key = d.key(dir);
+  if (auto it = conv_algos_.find(key); it != conv_algos_.end()) return it->second;
+  cudnnHandle_t h = cudnn();
+  const bool exact = d.dtype == DType::F32 && !d.tf32;
+  std::vector<ConvChoice> found;
+  int count = 0;
+  if (dir == 0) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.get(), d.w.get(), d.conv.get(),
+                                                       d.y.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                       &count, perf));
+    found = usable(perf, count, exact);
+  } else if (dir == 1) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+        &count, perf));
+    found = usable(perf, count, exact);
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+        &count, perf));
+    found = usable(perf, count, exact);
+  }
+  if (found.empty())
+    throw std::runtime_error(fmt::format(
+        "cuDNN has no convolution algorithm (direction {}) for x ({}, {}, {}, {}), w ({}, {}, {}, "
+        "{}), stride {}, pad {}, {}",
+        dir, d.d.n, d.d.ci, d.d.h, d.d.w, d.d.co, d.d.ci, d.d.kh, d.d.kw, d.d.stride, d.d.pad,
+        dtype_name(d.dtype)));
+  return conv_algos_.emplace(key, std::move(found)).first->second;
+}
+
+void CudaOps::conv_run(const ConvDescs& d, int dir, const void* in0, const void* in1, void* out,
+                       float beta, CachingAllocator& alloc) {
+  const std::vector<ConvChoice>& cands = conv_candidates(d, dir);
+  auto run = [&](const ConvChoice& c) {
+    Tensor ws;
+    if (c.bytes > 0)
+      ws = Tensor(alloc, {static_cast<std::int64_t>((c.bytes + 3) / 4)}, DType::I32,
+                  Category::workspace);
+    CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), c.math));
+    const float alpha = 1.0f;
+    cudnnHandle_t h = cudnn();
+    if (dir == 0) {
+      CUDNN_CHECK(cudnnConvolutionForward(h, &alpha, d.x.get(), in0, d.w.get(), in1, d.conv.get(),
+                                          static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.data(),
+                                          c.bytes, &beta, d.y.get(), out));
+    } else if (dir == 1) {
+      CUDNN_CHECK(cudnnConvolutionBackwardData(h, &alpha, d.w.get(), in0, d.y.get(), in1,
+                                               d.conv.get(),
+                                               static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
+                                               ws.data(), c.bytes, &beta, d.x.get(), out));
+    } else {
+      CUDNN_CHECK(
+          cudnnConvolutionBackwardFilter(h, &alpha, d.x.get(), in0, d.y.get(), in1, d.conv.get(),
+                                         static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
+                                         ws.data(), c.bytes, &beta, d.w.get(), out));
+    }
+  };
+  try {
+    run(cands.front());
+  } catch (const OutOfMemory&) {
+    const auto smallest = std::min_element(
+        cands.begin(), cands.end(),
+        [](const ConvChoice& a, const ConvChoice& b) { return a.bytes < b.bytes; });
+    if (smallest->bytes >= cands.front().bytes) throw;
+    run(*smallest);
+  }
+}
+
+void CudaOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
+                             const Tensor* bias, int stride, int pad) {
+  NvtxRange range("conv2d_forward");
+  constexpr std::string_view op = "conv2d_forward";
+  const ConvDims dims = check_conv(op, inp, weight, stride, pad);
+  check_float(op, "out", out);
+  check_shape(op, "out", out, {dims.n, dims.co, dims.oh, dims.ow});
+  if (bias) {
+    check_float(op, "bias", *bias);
+    check_shape(op, "bias", *bias, {dims.co});
+  }
+  if (out.numel() == 0) return;
+  const DType dt = inp.dtype();
+  CachingAllocator& alloc = *out.allocator();
+  const ConvDescs d(dims, dt, tf32_);
+  AsDType w(weight, dt, alloc, stream_);
+  AsDTypeOut y(out, dt, false, stream_);
+  if (inp.numel() > 0 && weight.numel() > 0) {
+    conv_run(d, 0, inp.data(), w.data(), y.data(), 0.0f, alloc);
+  } else {
+    CUDA_CHECK(cudaMemsetAsync(y.data(), 0, static_cast<std::size_t>(out.numel()) * dtype_size(dt),
+                               stream_));
+  }
+  y.commit();
+  if (bias)
+    launch_channel_bias_add(out.data(), out.dtype(), bias->data(), bias->dtype(), dims.n, dims.co,
+                            dims.oh * dims.ow, stream_);
+}
+
+void CudaOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                              const Tensor& inp, const Tensor& weight, int stride, int pad,
+                              bool accumulate) {
+  NvtxRange range("conv2d_backward");
+  constexpr std::string_view op = "conv2d_backward";
+  const ConvDims dims = check_conv(op, inp, weight, stride, pad);
+  check_float(op, "dout", dout);
+  check_shape(op, "dout", dout, {dims.n, dims.co, dims.oh, dims.ow});
+  if (dinp) {
+    check_float(op, "dinp", *dinp);
+    check_shape(op, "dinp", *dinp, inp.shape());
+  }
+  if (dweight) {
+    check_float(op, "dweight", *dweight);
+    check_shape(op, "dweight", *dweight, weight.shape());
+  }
+  if (dbias) {
+    check_float(op, "dbias", *dbias);
+    check_shape(op, "dbias", *dbias, {dims.co});
+  }
+  if (dbias)  // Σ over images and pixels per output channel
+    launch_channel_sum(dbias->data(), dbias->dtype(), dout.data(), dout.dtype(), dims.n, dims.co,
+                       dims.oh * dims.ow, accumulate, stream_);
+  if (!dinp && !dweight) return;
+  const DType dt = dout.dtype();
+  CachingAllocator& alloc = *(dinp ? dinp : dweight)->allocator();
+  const ConvDescs d(dims, dt, tf32_);
+  const bool empty = dout.numel() == 0 || inp.numel() == 0;
+  if (dweight && weight.numel() > 0) {  // dweight (Co, Ci, KH, KW) (+)= filter gradient
+    AsDType x(inp, dt, alloc, stream_);
+    if (dweight->dtype() == dt) {
+      if (empty) {
+        if (!accumulate)
+          CUDA_CHECK(cudaMemsetAsync(dweight->data(), 0, dweight->nbytes(), stream_));
+      } else {
+        conv_run(d, 2, x.data(), dout.data(), dweight->data(), accumulate ? 1.0f : 0.0f, alloc);
+      }
+    } else {
+      Tensor fresh(alloc, weight.shape(), dt, Category::workspace);
+      if (empty) {
+        CUDA_CHECK(cudaMemsetAsync(fresh.data(), 0, fresh.nbytes(), stream_));
+      } else {
+        conv_run(d, 2, x.data(), dout.data(), fresh.data(), 0.0f, alloc);
+      }
+      launch_store_grad(dweight->data(), dweight->dtype(), fresh.data(), dt, weight.numel(),
+                        accumulate, stream_);
+    }
+  }
+  if (dinp && inp.numel() > 0) {  // dinp (N, Ci, H, W) = data gradient
+    AsDType w(weight, dt, alloc, stream_);
+    AsDTypeOut dx(*dinp, dt, false, stream_);
+    if (empty || weight.numel() == 0) {
+      CUDA_CHECK(cudaMemsetAsync(
+          dx.data(), 0, static_cast<std::size_t>(dinp->numel()) * dtype_size(dt), stream_));
+    } else {
+      conv_run(d, 1, w.data(), dout.data(), dx.data(), 0.0f, alloc);
+    }
+    dx.commit();
+  }
+}
+
+}  // namespace memtrade::cuda

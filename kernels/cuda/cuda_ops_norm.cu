@@ -1,0 +1,365 @@
+// Layer-norm, row softmax (plain and causal, for attention) and column sums. One warp per row:
+// rows are short enough (C, T, V up to tens of thousands) that a warp streaming them from L2 is
+// bandwidth-bound already, and warp shuffles need no shared memory. Statistics are fp32.
+// Parameter gradients are column reductions in which one block owns 32 columns and walks all
+// rows in a fixed order: deterministic, no atomics.
+#include <cstdint>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace memtrade::cuda {
+namespace {
+
+// Row loop for one warp per row: calls f(row) with the warp's rows.
+#define MEMTRADE_FOR_WARP_ROWS(r, rows)                                                \
+  for (std::int64_t r =                                                                \
+           blockIdx.x * static_cast<std::int64_t>(blockDim.x / 32) + threadIdx.x / 32; \
+       r < (rows); r += static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32))
+
+template <typename TO, typename TI>
+__global__ void layernorm_fwd_kernel(TO* out, float* mean, float* rstd, const TI* inp, AnyIn w,
+                                     AnyIn b, std::int64_t rows, std::int64_t c, float eps) {
+  const int lane = threadIdx.x % 32;
+  MEMTRADE_FOR_WARP_ROWS(r, rows) {
+    const TI* x = inp + r * c;
+    float sum = 0.0f;
+    for (std::int64_t j = lane; j < c; j += 32) sum += to_f(x[j]);
+    const float m = warp_sum(sum) / static_cast<float>(c);
+    float ss = 0.0f;
+    for (std::int64_t j = lane; j < c; j += 32) {
+      const float d = to_f(x[j]) - m;
+      ss += d * d;
+    }
+    const float s = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps);
+    TO* y = out + r * c;
+    for (std::int64_t j = lane; j < c; j += 32)
+      y[j] = from_f<TO>((to_f(x[j]) - m) * s * w[j] + b[j]);
+    if (lane == 0) {
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  }
+}
+
+template <typename TD, typename TG, typename TI>
+__global__ void layernorm_bwd_kernel(TD* dinp, const TG* dout, const TI* inp, AnyIn w,
+                                     const float* mean, const float* rstd, std::int64_t rows,
+                                     std::int64_t c) {
+  const int lane = threadIdx.x % 32;
+  MEMTRADE_FOR_WARP_ROWS(r, rows) {
+    const TG* g = dout + r * c;
+    const TI* x = inp + r * c;
+    const float mu = mean[r], rs = rstd[r];
+    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+    for (std::int64_t j = lane; j < c; j += 32) {
+      const float dnorm = w[j] * to_f(g[j]);
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * (to_f(x[j]) - mu) * rs;
+    }
+    const float dm = warp_sum(dnorm_mean) / static_cast<float>(c);
+    const float dnm = warp_sum(dnorm_norm_mean) / static_cast<float>(c);
+    TD* dx = dinp + r * c;
+    for (std::int64_t j = lane; j < c; j += 32) {
+      const float norm = (to_f(x[j]) - mu) * rs;
+      dx[j] = from_f<TD>((w[j] * to_f(g[j]) - dm - norm * dnm) * rs);
+    }
+  }
+}
+
+// Column reductions: block (32, kColRows) owns 32 columns; thread (x, y) sums rows y, y + kColRows,
+// ... of column x, then the kColRows partials are summed in shared memory.
+constexpr int kColRows = 16;
+
+template <typename TG, typename TI>
+__global__ void layernorm_param_grad_kernel(AnyOut dweight, AnyOut dbias, const TG* dout,
+                                            const TI* inp, const float* mean, const float* rstd,
+                                            std::int64_t rows, std::int64_t c, bool accumulate) {
+  __shared__ float sw[kColRows][33];
+  __shared__ float sb[kColRows][33];
+  const std::int64_t col = blockIdx.x * 32 + threadIdx.x;
+  float aw = 0.0f, ab = 0.0f;
+  if (col < c) {
+    for (std::int64_t r = threadIdx.y; r < rows; r += kColRows) {
+      const float g = to_f(dout[r * c + col]);
+      aw += (to_f(inp[r * c + col]) - mean[r]) * rstd[r] * g;
+      ab += g;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < c) {
+    float tw = 0.0f, tb = 0.0f;
+    for (int y = 0; y < kColRows; ++y) {
+      tw += sw[y][threadIdx.x];
+      tb += sb[y][threadIdx.x];
+    }
+    if (dweight.p) dweight.store(col, (accumulate ? dweight.load(col) : 0.0f) + tw);
+    if (dbias.p) dbias.store(col, (accumulate ? dbias.load(col) : 0.0f) + tb);
+  }
+}
+
+template <typename TS>
+__global__ void col_sum_kernel(AnyOut dst, const TS* src, std::int64_t rows, std::int64_t cols,
+                               bool accumulate) {
+  __shared__ float s[kColRows][33];
+  const std::int64_t col = blockIdx.x * 32 + threadIdx.x;
+  float acc = 0.0f;
+  if (col < cols)
+    for (std::int64_t r = threadIdx.y; r < rows; r += kColRows) acc += to_f(src[r * cols + col]);
+  s[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float t = 0.0f;
+    for (int y = 0; y < kColRows; ++y) t += s[y][threadIdx.x];
+    dst.store(col, (accumulate ? dst.load(col) : 0.0f) + t);
+  }
+}
+
+template <typename TO, typename TI>
+__global__ void softmax_fwd_kernel(TO* out, const TI* inp, std::int64_t rows, std::int64_t c) {
+  const int lane = threadIdx.x % 32;
+  MEMTRADE_FOR_WARP_ROWS(r, rows) {
+    const TI* x = inp + r * c;
+    float mx = -INFINITY;
+    for (std::int64_t j = lane; j < c; j += 32) mx = fmaxf(mx, to_f(x[j]));
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (std::int64_t j = lane; j < c; j += 32) sum += expf(to_f(x[j]) - mx);
+    const float inv = 1.0f / warp_sum(sum);
+    TO* y = out + r * c;
+    for (std::int64_t j = lane; j < c; j += 32) y[j] = from_f<TO>(expf(to_f(x[j]) - mx) * inv);
+  }
+}
+
+template <typename TD, typename TG, typename TY>
+__global__ void softmax_bwd_kernel(TD* dinp, const TG* dout, const TY* out, std::int64_t rows,
+                                   std::int64_t c) {
+  const int lane = threadIdx.x % 32;
+  MEMTRADE_FOR_WARP_ROWS(r, rows) {
+    const TG* g = dout + r * c;
+    const TY* y = out + r * c;
+    float dot = 0.0f;
+    for (std::int64_t j = lane; j < c; j += 32) dot += to_f(g[j]) * to_f(y[j]);
+    dot = warp_sum(dot);
+    TD* dx = dinp + r * c;
+    for (std::int64_t j = lane; j < c; j += 32) dx[j] = from_f<TD>(to_f(y[j]) * (to_f(g[j]) - dot));
+  }
+}
+
+// Row r is query position t = r % len of its (b, h) slice: keys 0..t are live.
+template <typename T>
+__global__ void causal_softmax_kernel(T* att, std::int64_t rows, std::int64_t len) {
+  const int lane = threadIdx.x % 32;
+  MEMTRADE_FOR_WARP_ROWS(r, rows) {
+    T* row = att + r * len;
+    const std::int64_t t = r % len;
+    float mx = -INFINITY;
+    for (std::int64_t j = lane; j <= t; j += 32) mx = fmaxf(mx, to_f(row[j]));
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (std::int64_t j = lane; j <= t; j += 32) sum += expf(to_f(row[j]) - mx);
+    const float inv = 1.0f / warp_sum(sum);
+    for (std::int64_t j = lane; j < len; j += 32)
+      row[j] = from_f<T>(j <= t ? expf(to_f(row[j]) - mx) * inv : 0.0f);
+  }
+}
+
+template <typename TD, typename TP>
+__global__ void causal_softmax_bwd_kernel(TD* dp, const TP* p, std::int64_t rows,
+                                          std::int64_t len) {
+  const int lane = threadIdx.x % 32;
+  MEMTRADE_FOR_WARP_ROWS(r, rows) {
+    TD* d = dp + r * len;
+    const TP* pr = p + r * len;
+    const std::int64_t t = r % len;
+    float dot = 0.0f;
+    for (std::int64_t j = lane; j <= t; j += 32) dot += to_f(pr[j]) * to_f(d[j]);
+    dot = warp_sum(dot);
+    for (std::int64_t j = lane; j < len; j += 32)
+      d[j] = from_f<TD>(j <= t ? to_f(pr[j]) * (to_f(d[j]) - dot) : 0.0f);
+  }
+}
+
+#undef MEMTRADE_FOR_WARP_ROWS
+
+std::int64_t rows_of(const Tensor& t) {
+  return t.ndim() == 0 ? 1 : t.numel() / t.dim(-1);
+}
+
+void check_stat(std::string_view op, std::string_view name, const Tensor& t, std::int64_t n) {
+  if (!t.defined() || t.dtype() != DType::F32 || t.numel() != n)
+    fail(op, std::string(name) + " must be F32 with " + std::to_string(n) + " elements, got " +
+                 (t.defined() ? shape_str(t.shape()) + " " + std::string(dtype_name(t.dtype()))
+                              : std::string("undefined")));
+}
+
+unsigned col_blocks(std::int64_t cols) {
+  return static_cast<unsigned>((cols + 31) / 32);
+}
+
+}  // namespace
+
+void launch_col_sum(void* dst, DType dt, const void* src, DType st, std::int64_t rows,
+                    std::int64_t cols, bool accumulate, cudaStream_t s) {
+  if (cols == 0) return;
+  dispatch_float(st, "column sum", [&](auto tag) {
+    using TS = decltype(tag);
+    col_sum_kernel<TS><<<col_blocks(cols), dim3(32, kColRows), 0, s>>>(
+        AnyOut{dst, dt}, static_cast<const TS*>(src), rows, cols, accumulate);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void launch_causal_softmax(void* att, DType t, std::int64_t rows, std::int64_t len,
+                           cudaStream_t s) {
+  if (rows == 0 || len == 0) return;
+  dispatch_float(t, "attention softmax", [&](auto tag) {
+    using T = decltype(tag);
+    causal_softmax_kernel<T>
+        <<<grid_for_rows(rows), kThreads, 0, s>>>(static_cast<T*>(att), rows, len);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void launch_causal_softmax_backward(void* dp, DType dpt, const void* p, DType pt, std::int64_t rows,
+                                    std::int64_t len, cudaStream_t s) {
+  if (rows == 0 || len == 0) return;
+  dispatch_float(dpt, "attention softmax backward", [&](auto d) {
+    dispatch_float(pt, "attention softmax backward", [&](auto q) {
+      using TD = decltype(d);
+      using TP = decltype(q);
+      causal_softmax_bwd_kernel<TD, TP><<<grid_for_rows(rows), kThreads, 0, s>>>(
+          static_cast<TD*>(dp), static_cast<const TP*>(p), rows, len);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void CudaOps::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
+                                const Tensor& weight, const Tensor& bias, float eps) {
+  NvtxRange range("layernorm_forward");
+  constexpr std::string_view op = "layernorm_forward";
+  check_float(op, "inp", inp);
+  check_float(op, "out", out);
+  check_float(op, "weight", weight);
+  check_float(op, "bias", bias);
+  check_shape(op, "out", out, inp.shape());
+  const std::int64_t c = inp.dim(-1), n = rows_of(inp);
+  check_shape(op, "weight", weight, {c});
+  check_shape(op, "bias", bias, {c});
+  check_stat(op, "mean", mean, n);
+  check_stat(op, "rstd", rstd, n);
+  if (n == 0 || c == 0) return;
+  dispatch_float(out.dtype(), op, [&](auto o) {
+    dispatch_float(inp.dtype(), op, [&](auto x) {
+      using TO = decltype(o);
+      using TI = decltype(x);
+      layernorm_fwd_kernel<TO, TI><<<grid_for_rows(n), kThreads, 0, stream_>>>(
+          out.as<TO>(), mean.as<float>(), rstd.as<float>(), inp.as<TI>(),
+          AnyIn{weight.data(), weight.dtype()}, AnyIn{bias.data(), bias.dtype()}, n, c, eps);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void CudaOps::layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                 const Tensor& inp, const Tensor& weight, const Tensor& mean,
+                                 const Tensor& rstd, bool accumulate) {
+  NvtxRange range("layernorm_backward");
+  constexpr std::string_view op = "layernorm_backward";
+  check_float(op, "dinp", dinp);
+  check_float(op, "dout", dout);
+  check_float(op, "inp", inp);
+  check_float(op, "weight", weight);
+  check_shape(op, "dinp", dinp, inp.shape());
+  check_shape(op, "dout", dout, inp.shape());
+  const std::int64_t c = inp.dim(-1), n = rows_of(inp);
+  check_shape(op, "weight", weight, {c});
+  check_stat(op, "mean", mean, n);
+  check_stat(op, "rstd", rstd, n);
+  if (dweight) {
+    check_float(op, "dweight", *dweight);
+    check_shape(op, "dweight", *dweight, {c});
+  }
+  if (dbias) {
+    check_float(op, "dbias", *dbias);
+    check_shape(op, "dbias", *dbias, {c});
+  }
+  if (c == 0) return;
+  // Parameter gradients first: dinp may alias dout.
+  if (dweight || dbias) {
+    const AnyOut dw{dweight ? dweight->data() : nullptr, dweight ? dweight->dtype() : DType::F32};
+    const AnyOut db{dbias ? dbias->data() : nullptr, dbias ? dbias->dtype() : DType::F32};
+    dispatch_float(dout.dtype(), op, [&](auto g) {
+      dispatch_float(inp.dtype(), op, [&](auto x) {
+        using TG = decltype(g);
+        using TI = decltype(x);
+        layernorm_param_grad_kernel<TG, TI><<<col_blocks(c), dim3(32, kColRows), 0, stream_>>>(
+            dw, db, dout.as<TG>(), inp.as<TI>(), mean.as<float>(), rstd.as<float>(), n, c,
+            accumulate);
+        CUDA_CHECK_LAUNCH();
+      });
+    });
+  }
+  if (n == 0) return;
+  dispatch_float(dinp.dtype(), op, [&](auto d) {
+    dispatch_float(dout.dtype(), op, [&](auto g) {
+      dispatch_float(inp.dtype(), op, [&](auto x) {
+        using TD = decltype(d);
+        using TG = decltype(g);
+        using TI = decltype(x);
+        layernorm_bwd_kernel<TD, TG, TI><<<grid_for_rows(n), kThreads, 0, stream_>>>(
+            dinp.as<TD>(), dout.as<TG>(), inp.as<TI>(), AnyIn{weight.data(), weight.dtype()},
+            mean.as<float>(), rstd.as<float>(), n, c);
+        CUDA_CHECK_LAUNCH();
+      });
+    });
+  });
+}
+
+void CudaOps::softmax_forward(Tensor& out, const Tensor& inp) {
+  NvtxRange range("softmax_forward");
+  constexpr std::string_view op = "softmax_forward";
+  check_float(op, "out", out);
+  check_float(op, "inp", inp);
+  check_shape(op, "out", out, inp.shape());
+  const std::int64_t c = inp.dim(-1), n = rows_of(inp);
+  if (n == 0 || c == 0) return;
+  dispatch_float(out.dtype(), op, [&](auto o) {
+    dispatch_float(inp.dtype(), op, [&](auto x) {
+      using TO = decltype(o);
+      using TI = decltype(x);
+      softmax_fwd_kernel<TO, TI>
+          <<<grid_for_rows(n), kThreads, 0, stream_>>>(out.as<TO>(), inp.as<TI>(), n, c);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void CudaOps::softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) {
+  NvtxRange range("softmax_backward");
+  constexpr std::string_view op = "softmax_backward";
+  check_float(op, "dinp", dinp);
+  check_float(op, "dout", dout);
+  check_float(op, "out", out);
+  check_shape(op, "dinp", dinp, out.shape());
+  check_shape(op, "dout", dout, out.shape());
+  const std::int64_t c = out.dim(-1), n = rows_of(out);
+  if (n == 0 || c == 0) return;
+  dispatch_float(dinp.dtype(), op, [&](auto d) {
+    dispatch_float(dout.dtype(), op, [&](auto g) {
+      dispatch_float(out.dtype(), op, [&](auto y) {
+        using TD = decltype(d);
+        using TG = decltype(g);
+        using TY = decltype(y);
+        softmax_bwd_kernel<TD, TG, TY><<<grid_for_rows(n), kThreads, 0, stream_>>>(
+            dinp.as<TD>(), dout.as<TG>(), out.as<TY>(), n, c);
+        CUDA_CHECK_LAUNCH();
+      });
+    });
+  });
+}
+
+}  // namespace memtrade::cuda

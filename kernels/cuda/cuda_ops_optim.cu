@@ -1,0 +1,173 @@
+// Loss-scale unscaling with the inf/nan check, and one fused optimizer step per parameter with
+// torch.optim's formulas (single-tensor path, foreach=False, maximize=False, amsgrad=False,
+// centered=False) — the same arithmetic as the CPU backend, element for element.
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace memtrade::cuda {
+namespace {
+
+// Where the inf/nan flag lives in the small scratch (sum_to_host uses the first few KiB).
+constexpr std::size_t kFlagOffset = 32 * KiB;
+
+template <typename T>
+__global__ void unscale_kernel(T* g, std::int64_t n, float inv_scale, int* flag) {
+  bool bad = false;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const float x = to_f(g[i]);
+    // Checked before (an inf times 0 would hide) and after (a finite value may overflow).
+    const float v = x * inv_scale;
+    if (!isfinite(x) || !isfinite(v)) bad = true;
+    g[i] = from_f<T>(v);
+  }
+  if (__any_sync(0xffffffffu, bad) && threadIdx.x % 32 == 0) *flag = 1;
+}
+
+struct OptArgs {
+  OptimizerKind kind;
+  float lr, wd, eps, momentum, dampening, beta1, beta2, alpha;
+  float step_size, bc2_sqrt, clr;  // Adam's bias correction, Adagrad's decayed lr
+  bool nesterov, first_step;
+};
+
+template <typename TP, typename TG>
+__global__ void optimizer_kernel(TP* param, const TG* grad, AnyOut s0, AnyOut s1, std::int64_t n,
+                                 OptArgs a) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < n;
+       j += stride) {
+    float w = to_f(param[j]);
+    float g = to_f(grad[j]);
+    switch (a.kind) {
+      case OptimizerKind::sgd:
+        g += a.wd * w;
+        w -= a.lr * g;
+        break;
+      case OptimizerKind::sgd_momentum: {
+        g += a.wd * w;
+        // torch creates the buffer from the first gradient (step 1), then decays it.
+        const float buf = a.first_step ? g : a.momentum * s0.load(j) + (1.0f - a.dampening) * g;
+        s0.store(j, buf);
+        g = a.nesterov ? g + a.momentum * buf : buf;
+        w -= a.lr * g;
+        break;
+      }
+      case OptimizerKind::adam:
+      case OptimizerKind::adamw: {
+        if (a.kind == OptimizerKind::adamw) {
+          w *= 1.0f - a.lr * a.wd;  // decoupled weight decay
+        } else {
+          g += a.wd * w;
+        }
+        const float m = a.beta1 * s0.load(j) + (1.0f - a.beta1) * g;
+        const float v = a.beta2 * s1.load(j) + (1.0f - a.beta2) * g * g;
+        s0.store(j, m);
+        s1.store(j, v);
+        w -= a.step_size * m / (sqrtf(v) / a.bc2_sqrt + a.eps);
+        break;
+      }
+      case OptimizerKind::adagrad: {
+        g += a.wd * w;
+        const float sum = s0.load(j) + g * g;
+        s0.store(j, sum);
+        w -= a.clr * g / (sqrtf(sum) + a.eps);
+        break;
+      }
+      case OptimizerKind::rmsprop: {
+        g += a.wd * w;
+        const float sq = a.alpha * s0.load(j) + (1.0f - a.alpha) * g * g;
+        s0.store(j, sq);
+        w -= a.lr * g / (sqrtf(sq) + a.eps);
+        break;
+      }
+    }
+    param[j] = from_f<TP>(w);
+  }
+}
+
+void check_state(std::string_view op, std::string_view name, const Tensor* s, bool needed,
+                 const Tensor& param) {
+  if (!needed) return;
+  if (!s) fail(op, std::string(name) + " is required for this optimizer");
+  check_float(op, name, *s);
+  if (s->numel() != param.numel())
+    fail(op, std::string(name) + " " + shape_str(s->shape()) + " does not match param " +
+                 shape_str(param.shape()));
+}
+
+}  // namespace
+
+bool CudaOps::unscale_and_check(std::span<Tensor* const> grads, float inv_scale) {
+  NvtxRange range("unscale_and_check");
+  for (Tensor* g : grads)
+    if (g) check_float("unscale_and_check", "grad", *g);
+  auto* flag = reinterpret_cast<int*>(static_cast<unsigned char*>(small_scratch()) + kFlagOffset);
+  CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream_));
+  for (Tensor* g : grads) {
+    if (!g || g->numel() == 0) continue;
+    dispatch_float(g->dtype(), "unscale_and_check", [&](auto tag) {
+      using T = decltype(tag);
+      unscale_kernel<T>
+          <<<grid_for(g->numel()), kThreads, 0, stream_>>>(g->as<T>(), g->numel(), inv_scale, flag);
+      CUDA_CHECK_LAUNCH();
+    });
+  }
+  int host = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return host != 0;
+}
+
+void CudaOps::optimizer_update(const OptimizerHyper& h, Tensor& param, const Tensor& grad,
+                               Tensor* state0, Tensor* state1) {
+  NvtxRange range("optimizer_update");
+  constexpr std::string_view op = "optimizer_update";
+  check_float(op, "param", param);
+  check_float(op, "grad", grad);
+  if (param.numel() != grad.numel())
+    fail(op,
+         "element counts differ: " + shape_str(param.shape()) + " vs " + shape_str(grad.shape()));
+  const int nstate = optimizer_state_count(h.kind);
+  check_state(op, "state0", state0, nstate >= 1, param);
+  check_state(op, "state1", state1, nstate >= 2, param);
+  if (h.step < 1) fail(op, "step " + std::to_string(h.step) + " must be >= 1");
+  const std::int64_t n = param.numel();
+  if (n == 0) return;
+  const double step = static_cast<double>(h.step);
+  OptArgs a{};
+  a.kind = h.kind;
+  a.lr = h.lr;
+  a.wd = h.weight_decay;
+  a.eps = h.eps;
+  a.momentum = h.momentum;
+  a.dampening = h.dampening;
+  a.beta1 = h.beta1;
+  a.beta2 = h.beta2;
+  a.alpha = h.alpha;
+  // Scalars of Adam's bias correction, in double like Python floats, then used in fp32.
+  a.step_size = static_cast<float>(h.lr / (1.0 - std::pow(double{h.beta1}, step)));
+  a.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double{h.beta2}, step)));
+  a.clr = static_cast<float>(h.lr / (1.0 + (step - 1.0) * h.lr_decay));
+  a.nesterov = h.nesterov;
+  a.first_step = h.step == 1;
+  const AnyOut s0 =
+      nstate >= 1 ? AnyOut{state0->data(), state0->dtype()} : AnyOut{nullptr, DType::F32};
+  const AnyOut s1 =
+      nstate >= 2 ? AnyOut{state1->data(), state1->dtype()} : AnyOut{nullptr, DType::F32};
+  dispatch_float(param.dtype(), op, [&](auto p) {
+    dispatch_float(grad.dtype(), op, [&](auto g) {
+      using TP = decltype(p);
+      using TG = decltype(g);
+      optimizer_kernel<TP, TG>
+          <<<grid_for(n), kThreads, 0, stream_>>>(param.as<TP>(), grad.as<TG>(), s0, s1, n, a);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+}  // namespace memtrade::cuda
