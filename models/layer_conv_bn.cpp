@@ -1,0 +1,75 @@
+#include "models/layers/conv_bn.h"
+
+#include <stdexcept>
+
+namespace memtrade {
+
+Shape conv_out_shape(const Shape& inp, std::int64_t out_channels, int kernel, int stride, int pad) {
+  if (inp.size() != 4) throw std::invalid_argument("conv input must be (N, C, H, W)");
+  const std::int64_t oh = (inp[2] + 2 * pad - kernel) / stride + 1;
+  const std::int64_t ow = (inp[3] + 2 * pad - kernel) / stride + 1;
+  return {inp[0], out_channels, oh, ow};
+}
+
+namespace {
+
+// BN of the conv output `conv` into a new tensor; mean/invstd are saved or thrown away.
+Tensor batchnorm(LayerCtx& c, const Tensor& conv, const ConvBn& l, Category out_category,
+                 bool keep_stats, bool update_running) {
+  const std::int64_t C = conv.dim(1);
+  const Category stat_cat = keep_stats ? Category::activations : Category::temporaries;
+  Tensor mean = c.dev.empty({C}, DType::F32, stat_cat);    // (C)
+  Tensor invstd = c.dev.empty({C}, DType::F32, stat_cat);  // (C)
+  Tensor out = c.dev.empty(conv.shape(), c.act, out_category);
+  Tensor* rm = update_running ? &c.weight(l.running_mean) : nullptr;
+  Tensor* rv = update_running ? &c.weight(l.running_var) : nullptr;
+  c.ops().batchnorm_forward(out, mean, invstd, conv, c.weight(l.bn_weight), c.weight(l.bn_bias), rm,
+                            rv, ConvBn::kEps, ConvBn::kMomentum);
+  if (keep_stats) {
+    c.keep(l.key + ".mean", std::move(mean));
+    c.keep(l.key + ".invstd", std::move(invstd));
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor conv_bn_forward(LayerCtx& c, const Tensor& inp, const ConvBn& l, Category out_category) {
+  const Tensor& w = c.weight(l.conv);  // (Co, Ci, K, K)
+  const int K = static_cast<int>(w.dim(2));
+  Tensor conv = c.act_tensor(conv_out_shape(inp.shape(), w.dim(0), K, l.stride, l.pad));
+  c.ops().conv2d_forward(conv, inp, w, nullptr, l.stride, l.pad);
+  // Running statistics are a forward side effect: a recompute must not apply it twice.
+  Tensor out = batchnorm(c, conv, l, out_category, c.save, !c.recompute);
+  c.keep(l.key + ".conv", std::move(conv));
+  return out;
+}
+
+Tensor conv_bn_reapply(LayerCtx& c, const ConvBn& l, Category out_category) {
+  return batchnorm(c, c.get(l.key + ".conv"), l, out_category, false, false);
+}
+
+void conv_bn_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout, const Tensor& inp,
+                      const ConvBn& l) {
+  const Tensor& conv = c.get(l.key + ".conv");
+  Tensor dconv = c.temp(conv.shape());
+  GradRef gg = c.store.grad(l.bn_weight);
+  GradRef gb = c.store.grad(l.bn_bias);
+  const Tensor& gamma = c.weight(l.bn_weight);
+  const Tensor& mean = c.get(l.key + ".mean");
+  const Tensor& invstd = c.get(l.key + ".invstd");
+  if (gg.accumulate == gb.accumulate) {
+    c.ops().batchnorm_backward(dconv, &gg.t, &gb.t, dout, conv, gamma, mean, invstd, gg.accumulate);
+  } else {
+    c.ops().batchnorm_backward(dconv, &gg.t, nullptr, dout, conv, gamma, mean, invstd,
+                               gg.accumulate);
+    Tensor scratch = c.temp(conv.shape());
+    c.ops().batchnorm_backward(scratch, nullptr, &gb.t, dout, conv, gamma, mean, invstd,
+                               gb.accumulate);
+  }
+  const Tensor& w = c.weight(l.conv);
+  GradRef gw = c.store.grad(l.conv);
+  c.ops().conv2d_backward(dinp, &gw.t, nullptr, dconv, inp, w, l.stride, l.pad, gw.accumulate);
+}
+
+}  // namespace memtrade

@@ -1,0 +1,27 @@
+#include "models/layers/loss.h"
+
+namespace memtrade {
+
+Tensor copy_for_backward(LayerCtx& c, const Tensor& t) {
+  Tensor out = c.dev.empty(t.shape(), t.dtype(), c.cat());
+  c.dev.copy(out.data(), t.data(), t.nbytes(), CopyKind::device_to_device);
+  return out;
+}
+
+Tensor crossentropy_loss_forward(LayerCtx& c, Tensor logits, const Tensor& targets) {
+  const std::int64_t N = logits.dim(0);
+  Tensor losses = c.dev.empty({N}, DType::F32, Category::activations);  // (N)
+  c.ops().crossentropy_forward(losses, logits, targets);
+  c.keep("logits", std::move(logits));
+  if (c.save) c.keep("targets", copy_for_backward(c, targets));
+  return losses;
+}
+
+Tensor crossentropy_loss_backward(LayerCtx& c, float dloss) {
+  Tensor logits = c.saved.take(c.segment, "logits");  // (N, V), freed on return
+  Tensor dlogits = c.temp(logits.shape());
+  c.ops().crossentropy_backward(dlogits, logits, c.get("targets"), dloss);
+  return dlogits;
+}
+
+}  // namespace memtrade

@@ -1,0 +1,266 @@
+#include "models/param_store.h"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace memtrade {
+namespace {
+
+// The splitmix64 finaliser as a counter-based generator: value k of a stream is hash(base + k).
+// Portable (std::normal_distribution is implementation-defined) and parallel: every element
+// is computed on its own, so initialising a 1.5B-parameter model takes all cores.
+std::uint64_t mix64(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+double unit(std::uint64_t h) {
+  return static_cast<double>(h >> 11) * 0x1.0p-53;
+}  // [0, 1)
+
+// Initial fp32 values of one parameter: normal(0, std) (Box-Muller), zeros or ones.
+std::vector<float> init_values(const ParamSpec& spec, std::uint64_t seed, int index) {
+  std::vector<float> v(static_cast<std::size_t>(shape_numel(spec.shape)));
+  if (spec.init_std == 0.0f) return v;
+  if (spec.init_std < 0.0f) {
+    std::fill(v.begin(), v.end(), 1.0f);
+    return v;
+  }
+  const std::uint64_t base = mix64(mix64(seed) ^ (static_cast<std::uint64_t>(index) << 32));
+  const auto pairs = static_cast<std::int64_t>((v.size() + 1) / 2);
+  constexpr double kTwoPi = 6.283185307179586;
+#pragma omp parallel for schedule(static) if (pairs > 65536)
+  for (std::int64_t k = 0; k < pairs; ++k) {
+    const auto i = static_cast<std::size_t>(2 * k);
+    const double u1 = 1.0 - unit(mix64(base + i));  // (0, 1]: log is finite
+    const double u2 = unit(mix64(base + i + 1));
+    const double r = std::sqrt(-2.0 * std::log(u1)) * spec.init_std;
+    v[i] = static_cast<float>(r * std::cos(kTwoPi * u2));
+    if (i + 1 < v.size()) v[i + 1] = static_cast<float>(r * std::sin(kTwoPi * u2));
+  }
+  return v;
+}
+
+// Writes fp32 values into a host-addressable (pinned) tensor, rounding to its dtype.
+void write_host(Tensor& t, const std::vector<float>& values) {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    store_from_float(t.data(), t.dtype(), i, values[i]);
+}
+
+}  // namespace
+
+ParamPlacement ParamPlacement::from(const TrainConfig& cfg) {
+  ParamPlacement p;
+  p.compute = compute_dtype(cfg.precision);
+  p.master = has_master_copy(cfg.precision);
+  p.offload = cfg.offload;
+  return p;
+}
+
+TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& specs,
+                                     const ParamPlacement& placement, std::uint64_t seed)
+    : dev_(dev), specs_(specs), place_(placement), slots_(specs.size()) {
+  int max_block = -1;
+  for (const auto& s : specs_) max_block = std::max(max_block, s.block);
+  block_params_.resize(static_cast<std::size_t>(max_block + 1));
+  block_depth_.assign(static_cast<std::size_t>(max_block + 1), 0);
+
+  for (int i = 0; i < size(); ++i) {
+    const ParamSpec& spec = specs_[static_cast<std::size_t>(i)];
+    Slot& s = slots_[static_cast<std::size_t>(i)];
+    const std::vector<float> values = init_values(spec, seed, i);
+    if (!spec.trainable) {  // a buffer: F32, resident, mutated by forward
+      s.weight = dev_.empty(spec.shape, DType::F32, Category::params);
+      dev_.from_host_f32(s.weight, values);
+      continue;
+    }
+    if (streamed(i)) {
+      block_params_[static_cast<std::size_t>(spec.block)].push_back(i);
+    } else {
+      s.weight = dev_.empty(spec.shape, place_.compute, Category::params);
+      dev_.from_host_f32(s.weight, values);
+    }
+    if (place_.stream_params()) {
+      s.host_weight = dev_.empty_pinned(spec.shape, place_.compute, Category::params);
+      write_host(s.host_weight, values);
+      if (place_.master) {
+        s.master = dev_.empty_pinned(spec.shape, DType::F32, Category::master);
+        write_host(s.master, values);
+      }
+    } else if (place_.offload == Offload::optimizer) {
+      // fp32 has no master on the device, but the host update needs the parameters on the
+      // host: the pinned copy plays the master's role (pure precision: in the 16-bit dtype).
+      const DType dt = place_.master ? DType::F32 : place_.compute;
+      s.master = dev_.empty_pinned(spec.shape, dt, Category::master);
+      write_host(s.master, values);
+    } else if (place_.master) {
+      s.master = dev_.empty(spec.shape, DType::F32, Category::master);
+      dev_.from_host_f32(s.master, values);
+    }
+  }
+}
+
+TrainerParamStore::Slot& TrainerParamStore::slot(int index) {
+  if (index < 0 || index >= size())
+    throw std::out_of_range(fmt::format("parameter index {} out of range [0, {})", index, size()));
+  return slots_[static_cast<std::size_t>(index)];
+}
+
+bool TrainerParamStore::streamed(int index) const {
+  const ParamSpec& spec = specs_[static_cast<std::size_t>(index)];
+  return place_.stream_params() && spec.trainable && spec.block >= 0;
+}
+
+Tensor& TrainerParamStore::weight(int index) {
+  Slot& s = slot(index);
+  if (!s.weight.defined())
+    throw std::logic_error(fmt::format("weight '{}' of block {} used outside enter_block({})",
+                                       spec(index).name, spec(index).block, spec(index).block));
+  return s.weight;
+}
+
+GradRef TrainerParamStore::grad(int index) {
+  Slot& s = slot(index);
+  if (!spec(index).trainable)
+    throw std::logic_error(fmt::format("'{}' is a buffer and has no gradient", spec(index).name));
+  if (!s.grad.defined()) {
+    s.grad = dev_.empty(spec(index).shape, place_.compute, Category::grads);
+    s.grad_written = false;  // a fresh grad is assigned, not added to (PyTorch's None grad)
+  }
+  const bool accumulate = s.grad_written;
+  s.grad_written = true;
+  return GradRef{s.grad, accumulate};
+}
+
+void TrainerParamStore::upload_weight(int index) {
+  Slot& s = slot(index);
+  // Compute stream: the bytes may reuse memory that compute work freed a moment ago.
+  dev_.copy(s.weight.data(), s.host_weight.data(), s.weight.nbytes(), CopyKind::host_to_device,
+            StreamKind::compute);
+}
+
+void TrainerParamStore::enter_block(int block) {
+  if (block < 0) throw std::invalid_argument(fmt::format("enter_block({})", block));
+  if (static_cast<std::size_t>(block) >= block_depth_.size()) return;  // a block without params
+  if (block_depth_[static_cast<std::size_t>(block)]++ > 0) return;
+  for (int i : block_params_[static_cast<std::size_t>(block)]) {
+    Slot& s = slot(i);
+    s.weight = dev_.empty(spec(i).shape, place_.compute, Category::params);
+    upload_weight(i);
+  }
+}
+
+void TrainerParamStore::exit_block(int block) {
+  if (block < 0) throw std::invalid_argument(fmt::format("exit_block({})", block));
+  if (static_cast<std::size_t>(block) >= block_depth_.size()) return;
+  int& depth = block_depth_[static_cast<std::size_t>(block)];
+  if (depth == 0) throw std::logic_error(fmt::format("exit_block({}) without enter_block", block));
+  if (--depth > 0) return;
+  // Freed in stream order: later users of these bytes are queued behind the block's kernels.
+  for (int i : block_params_[static_cast<std::size_t>(block)]) slot(i).weight.reset();
+}
+
+void TrainerParamStore::begin_step(ZeroGrad zero_grad, Ops& ops) {
+  for (auto& s : slots_) {
+    if (zero_grad == ZeroGrad::zero && s.grad.defined()) {
+      ops.fill(s.grad, 0.0f);
+      s.grad_written = true;  // every write of this step adds onto the zeros
+    } else {
+      s.grad_written = false;
+    }
+  }
+}
+
+void TrainerParamStore::release_grads() {
+  for (auto& s : slots_) {
+    s.grad.reset();
+    s.grad_written = false;
+  }
+}
+
+std::vector<Tensor*> TrainerParamStore::grads() {
+  std::vector<Tensor*> out;
+  for (auto& s : slots_)
+    if (s.grad.defined()) out.push_back(&s.grad);
+  return out;
+}
+
+bool TrainerParamStore::has_grad(int index) const {
+  return slots_.at(static_cast<std::size_t>(index)).grad.defined();
+}
+
+Tensor& TrainerParamStore::device_grad(int index) {
+  Slot& s = slot(index);
+  if (!s.grad.defined())
+    throw std::logic_error(fmt::format("'{}' has no gradient", spec(index).name));
+  return s.grad;
+}
+
+Tensor& TrainerParamStore::update_target(int index) {
+  Slot& s = slot(index);
+  if (!spec(index).trainable)
+    throw std::logic_error(fmt::format("'{}' is a buffer, not updated", spec(index).name));
+  if (s.master.defined()) return s.master;
+  if (s.host_weight.defined()) return s.host_weight;
+  return s.weight;
+}
+
+Tensor& TrainerParamStore::fetch_grad(int index) {
+  Slot& s = slot(index);
+  const Tensor& g = device_grad(index);
+  if (!s.host_grad.defined())
+    s.host_grad = dev_.empty_pinned(g.shape(), g.dtype(), Category::grads);
+  dev_.copy(s.host_grad.data(), g.data(), g.nbytes(), CopyKind::device_to_host,
+            StreamKind::compute);
+  return s.host_grad;
+}
+
+void TrainerParamStore::publish(int index, Ops& device_ops, Ops* host_ops) {
+  Slot& s = slot(index);
+  if (!place_.host_update()) {
+    if (s.master.defined()) device_ops.cast(s.weight, s.master);  // fp32 master -> 16-bit
+    return;
+  }
+  if (host_ops == nullptr) throw std::logic_error("publish: host update without host ops");
+  if (place_.stream_params()) {
+    if (s.master.defined()) host_ops->cast(s.host_weight, s.master);
+    if (!streamed(index)) upload_weight(index);  // resident non-block weight
+    return;                                      // block weights are read at the next enter
+  }
+  // offload=optimizer: the host copy goes to the device weight, cast first if the dtypes differ.
+  const Tensor* src = &s.master;
+  if (s.master.dtype() != s.weight.dtype()) {
+    staging_.push_back(
+        dev_.empty_pinned(s.weight.shape(), s.weight.dtype(), Category::temporaries));
+    host_ops->cast(staging_.back(), s.master);
+    src = &staging_.back();
+  }
+  dev_.copy(s.weight.data(), src->data(), s.weight.nbytes(), CopyKind::host_to_device,
+            StreamKind::compute);
+}
+
+void TrainerParamStore::finish_publish() {
+  if (staging_.empty()) return;
+  dev_.synchronize(StreamKind::compute);
+  staging_.clear();
+}
+
+std::vector<float> TrainerParamStore::read_f32(const Tensor& t) {
+  if (!on_host(t)) return dev_.to_host_f32(t);
+  std::vector<float> out(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = load_as_float(t.data(), t.dtype(), i);
+  return out;
+}
+
+std::vector<float> TrainerParamStore::param_f32(int index) {
+  Slot& s = slot(index);
+  if (s.master.defined()) return read_f32(s.master);
+  if (s.host_weight.defined()) return read_f32(s.host_weight);
+  return read_f32(weight(index));
+}
+
+}  // namespace memtrade
