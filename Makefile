@@ -43,7 +43,6 @@ bench: build
 	@for b in $(BUILD)/bench/*; do $$b --benchmark_min_time=0.2 || exit 1; done
 
 peer: build
-	@bash ci/setup.sh python3-torch
 	@$(PYTHON) bench/peers/compare_cpu.py --memtrade $(BUILD)/memtrade
 
 format:

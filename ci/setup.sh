@@ -2,8 +2,8 @@
 # Installs what memtrade needs and is missing, from Debian's packages; silent when nothing is.
 #
 # Python: reports and the PyTorch peer use Debian's /usr/bin/python3 with python3-numpy,
-# python3-matplotlib and python3-pytest (python3-torch only for `make peer`), so one package
-# manager serves both the C++ and the Python side. The pyenv python3 on PATH is not used.
+# python3-matplotlib, python3-pytest and python3-torch (the PyTorch reference in the tests and
+# the peer benchmarks), so one package manager serves both the C++ and the Python side. The pyenv python3 on PATH is not used.
 #
 # Usage: ci/setup.sh [extra Debian packages...]
 set -euo pipefail
@@ -11,8 +11,8 @@ set -euo pipefail
 packages=(
   cmake make g++ git pkg-config
   libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
-  libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev
-  python3 python3-numpy python3-matplotlib python3-pytest
+  libopenblas-openmp-dev libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev
+  python3 python3-numpy python3-matplotlib python3-pytest python3-torch
   "$@"
 )
 

@@ -1,14 +1,16 @@
 #include "harness/cli.h"
 
+#include <toml++/toml.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <toml++/toml.hpp>
 
 #include <fmt/format.h>
 
+#include "harness/command.h"
+#include "harness/gate_commands.h"
 #include "harness/knob_flags.h"
 #include "harness/point_runner.h"
 #include "harness/step_dump.h"
@@ -20,7 +22,8 @@ namespace {
 
 std::string version_text() {
   std::string out;
-  for (const auto& [lib, version] : library_versions()) out += fmt::format("{:<14} {}\n", lib, version);
+  for (const auto& [lib, version] : library_versions())
+    out += fmt::format("{:<14} {}\n", lib, version);
   out += fmt::format("{:<14} {}.{}.{}\n", "nlohmann-json", NLOHMANN_JSON_VERSION_MAJOR,
                      NLOHMANN_JSON_VERSION_MINOR, NLOHMANN_JSON_VERSION_PATCH);
   out += fmt::format("{:<14} {}\n", "CLI11", CLI11_VERSION);
@@ -53,6 +56,31 @@ std::unique_ptr<Device> device_for(const KnobFlags& flags, const TrainConfig& cf
 
 }  // namespace
 
+void register_point_commands(CLI::App& app, Commands& cmds) {
+  CLI::App* devices = app.add_subcommand("devices", "List the backends usable here");
+  cmds.add(devices, [] { return cmd_devices(); });
+
+  auto& step_flags = cmds.keep<KnobFlags>();
+  auto& dump_dir = cmds.keep<std::string>();
+  CLI::App* step = app.add_subcommand("step", "Run one optimizer step of one point");
+  add_knob_flags(*step, step_flags);
+  step->add_option("--dump", dump_dir, "Write inputs, loss, params, grads (.npy) to this dir");
+  cmds.add(step, [&step_flags, &dump_dir] {
+    TrainConfig cfg = to_train_config(step_flags);
+    auto dev = device_for(step_flags, cfg);
+    auto model = make_model(cfg.model);
+    if (!dump_dir.empty()) {
+      write_step_dump(*dev, *model, cfg, dump_dir);
+      fmt::print("wrote step dump of {} to {}\n", cfg.model, dump_dir);
+      return 0;
+    }
+    PointRunOptions one;
+    one.warmup = 0;
+    one.steps = 1;
+    return run_point_and_print(*dev, *model, cfg, one);
+  });
+}
+
 int cli_main(int argc, char** argv) {
   CLI::App app{"memtrade: memory/throughput trade-offs of deep-learning training"};
   app.name("memtrade");
@@ -60,23 +88,12 @@ int cli_main(int argc, char** argv) {
   bool show_version = false;
   app.add_flag("--version", show_version, "Print versions of memtrade and its libraries");
 
-  CLI::App* devices = app.add_subcommand("devices", "List the backends usable here");
-
-  KnobFlags step_flags;
-  std::string dump_dir;
-  CLI::App* step = app.add_subcommand("step", "Run one optimizer step of one point");
-  add_knob_flags(*step, step_flags);
-  step->add_option("--dump", dump_dir, "Write inputs, loss, params, grads (.npy) to this dir");
-
-  KnobFlags run_flags;
-  PointRunOptions run_options;
-  CLI::App* run = app.add_subcommand(
-      "run", "Run one point (warm-up + measured steps) and print its memory and time");
-  add_knob_flags(*run, run_flags);
-  run->add_option("--warmup", run_options.warmup, "Warm-up steps (discarded)")
-      ->capture_default_str();
-  run->add_option("--steps", run_options.steps, "Measured steps")->capture_default_str();
-  run->add_option("--out", run_options.out, "Write the point as JSON to this file");
+  Commands cmds;
+  // ---- every module's subcommands (one line each) ----
+  register_point_commands(app, cmds);
+  register_gate_commands(app, cmds);
+  register_run_commands(app, cmds);
+  register_report_commands(app, cmds);
 
   try {
     app.parse(argc, argv);
@@ -94,30 +111,8 @@ int cli_main(int argc, char** argv) {
       std::fputs(version_text().c_str(), stdout);
       return 0;
     }
-    if (*devices) return cmd_devices();
-    if (*step) {
-      TrainConfig cfg = to_train_config(step_flags);
-      auto dev = device_for(step_flags, cfg);
-      auto model = make_model(cfg.model);
-      if (!dump_dir.empty()) {
-        write_step_dump(*dev, *model, cfg, dump_dir);
-        fmt::print("wrote step dump of {} to {}\n", cfg.model, dump_dir);
-        return 0;
-      }
-      PointRunOptions one;
-      one.warmup = 0;
-      one.steps = 1;
-      return run_point_and_print(*dev, *model, cfg, one);
-    }
-    if (*run) {
-      TrainConfig cfg = to_train_config(run_flags);
-      if (run_options.warmup < 0 || run_options.steps < 1)
-        throw BadInput(fmt::format("--warmup must be >= 0 and --steps >= 1 (got {} and {})",
-                                   run_options.warmup, run_options.steps));
-      auto dev = device_for(run_flags, cfg);
-      auto model = make_model(cfg.model);
-      return run_point_and_print(*dev, *model, cfg, run_options);
-    }
+    for (const auto& c : cmds.list())
+      if (c.app->parsed()) return c.action();
     std::fputs(app.help().c_str(), stdout);
     return 0;
   } catch (const BadInput& e) {

@@ -27,13 +27,13 @@ void add_knob_flags(CLI::App& cmd, KnobFlags& f) {
   cmd.add_option("--batch-size", f.batch_size, "Samples per micro-batch")->capture_default_str();
   cmd.add_option("--accumulation", f.accumulation, "Micro-batches per optimizer step")
       ->capture_default_str();
-  cmd.add_option("--precision", f.precision,
-                 "fp32 | tf32 | fp16 | bf16 | fp16-pure | bf16-pure")
+  cmd.add_option("--precision", f.precision, "fp32 | tf32 | fp16 | bf16 | fp16-pure | bf16-pure")
       ->capture_default_str();
   cmd.add_option("--checkpoint", f.checkpoint,
                  "Activation checkpointing: density in [0,1], sqrt or selective")
       ->capture_default_str();
-  cmd.add_option("--optimizer", f.optimizer, "sgd | sgd-momentum | adam | adamw | adagrad | rmsprop")
+  cmd.add_option("--optimizer", f.optimizer,
+                 "sgd | sgd-momentum | adam | adamw | adagrad | rmsprop")
       ->capture_default_str();
   cmd.add_option("--offload", f.offload, "none | activations | optimizer | params")
       ->capture_default_str();
@@ -75,16 +75,18 @@ TrainConfig to_train_config(const KnobFlags& f) {
         fmt::format("--accumulation: must be a positive integer, got {}", f.accumulation));
   c.batch_size = f.batch_size;
   c.accumulation = f.accumulation;
-  c.precision = require(parse_precision(f.precision), "--precision", f.precision, precision_names());
+  c.precision =
+      require(parse_precision(f.precision), "--precision", f.precision, precision_names());
   auto ck = Checkpoint::parse(f.checkpoint);
   if (!ck)
     throw BadInput(fmt::format(
         "--checkpoint: '{}' is not a density in [0, 1], 'sqrt' or 'selective'", f.checkpoint));
   c.checkpoint = *ck;
-  c.optimizer = require(parse_optimizer(f.optimizer), "--optimizer", f.optimizer, optimizer_names());
+  c.optimizer =
+      require(parse_optimizer(f.optimizer), "--optimizer", f.optimizer, optimizer_names());
   c.offload = require(parse_offload(f.offload), "--offload", f.offload, offload_names());
-  c.zero_grad = require(parse_zero_grad(f.zero_grad), "--zero-grad", f.zero_grad,
-                        {"set_to_none", "zero"});
+  c.zero_grad =
+      require(parse_zero_grad(f.zero_grad), "--zero-grad", f.zero_grad, {"set_to_none", "zero"});
   c.mode = require(parse_mode(f.mode), "--mode", f.mode, {"train", "eval"});
   c.empty_cache = require(parse_empty_cache(f.empty_cache), "--empty-cache", f.empty_cache,
                           {"never", "per_step"});
@@ -93,8 +95,8 @@ TrainConfig to_train_config(const KnobFlags& f) {
   if (!(f.lr >= 0.0f)) throw BadInput(fmt::format("--lr: must be >= 0, got {}", f.lr));
   c.lr = f.lr;
   if (f.backend != "auto" && f.backend != "cpu" && f.backend != "cuda")
-    throw BadInput(fmt::format("--backend: unknown value '{}' (expected auto, cpu or cuda)",
-                               f.backend));
+    throw BadInput(
+        fmt::format("--backend: unknown value '{}' (expected auto, cpu or cuda)", f.backend));
   if (f.threads < 0) throw BadInput(fmt::format("--threads: must be >= 0, got {}", f.threads));
   return c;
 }

@@ -33,11 +33,22 @@ PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
   auto start = dev.make_event();
   auto stop = dev.make_event();
   for (int i = 0; i < options.steps; ++i) {
+    bool trace = options.trace_last_step && i + 1 == options.steps;
+    if (trace) {
+      dev.memory().clear_trace();
+      dev.memory().enable_trace(true);
+    }
     start->record(StreamKind::compute);
     StepResult r = trainer.step();
     stop->record(StreamKind::compute);
     stop->synchronize();
     m.samples_s.push_back(stop->seconds_since(*start));
+    if (trace) {
+      dev.memory().enable_trace(false);
+      m.trace = dev.memory().trace();
+    }
+    if (auto used = dev.driver_used_bytes())
+      m.device_peak = std::max<std::int64_t>(m.device_peak.value_or(0), *used);
     if (i == 0) m.loss_first = r.loss;
     m.loss_last = r.loss;
     m.skipped_steps += r.skipped ? 1 : 0;
@@ -101,6 +112,7 @@ nlohmann::json measurement_json(const Device& dev, const Model& model, const Tra
         {"peak_requested", m.memory.requested.peak},
         {"peak_reserved", m.memory.reserved.peak},
         {"breakdown_at_peak", breakdown},
+        {"device_peak", m.device_peak ? nlohmann::json(*m.device_peak) : nlohmann::json(nullptr)},
         {"host_pinned_peak", m.pinned.allocated.peak}}},
       {"time",
        {{"samples_s", m.samples_s},

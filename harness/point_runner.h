@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,8 @@ namespace memtrade {
 struct PointRunOptions {
   int warmup = 2;
   int steps = 8;
-  std::string out;  // optional JSON file for the point
+  std::string out;               // optional JSON file for the point
+  bool trace_last_step = false;  // keep the allocator's event trace of the last measured step
 };
 
 struct PointMeasurement {
@@ -26,10 +28,12 @@ struct PointMeasurement {
   double loss_first = 0, loss_last = 0;
   std::int64_t skipped_steps = 0;
   float loss_scale = 1;
-  AllocatorStats memory;         // device allocator after the measured steps
-  AllocatorStats pinned;         // pinned host allocator
-  TransferStats transfers;       // during the measured steps
+  AllocatorStats memory;    // device allocator after the measured steps
+  AllocatorStats pinned;    // pinned host allocator
+  TransferStats transfers;  // during the measured steps
   double samples_per_s = 0, tokens_per_s = 0, flops_per_step = 0;
+  std::optional<std::int64_t> device_peak;  // driver-level bytes in use (CUDA), max over steps
+  std::vector<TraceEvent> trace;            // when trace_last_step
 };
 
 PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,10 @@ class Device {
   virtual std::unique_ptr<Event> make_event() = 0;
   // Work submitted to `waiter` after this call waits for `event` (cudaStreamWaitEvent).
   virtual void wait(StreamKind waiter, Event& event) = 0;
+
+  // Bytes in use on the device as the driver sees them (cudaMemGetInfo: total - free), a
+  // cross-check of the allocator's figures; nullopt where there is no such notion (CPU).
+  virtual std::optional<std::int64_t> driver_used_bytes() const { return std::nullopt; }
 
   // Named ranges for profilers (NVTX on CUDA; no-ops on the CPU).
   virtual void range_push(const char* /*name*/) {}

@@ -21,7 +21,11 @@ std::vector<std::pair<std::string, std::string>> library_versions() {
   v.emplace_back("compiler", fmt::format("gcc {}", __VERSION__));
 #endif
 #ifdef MEMTRADE_HAVE_OPENBLAS
-  v.emplace_back("OpenBLAS", fmt::format("{}", openblas_get_config()));
+  int parallel = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
+  v.emplace_back("OpenBLAS", fmt::format("{} ({})", openblas_get_config(),
+                                         parallel == 2   ? "openmp"
+                                         : parallel == 1 ? "pthreads"
+                                                         : "sequential"));
 #else
   v.emplace_back("OpenBLAS", "not built (builtin blocked GEMM)");
 #endif

@@ -1,0 +1,152 @@
+"""PyTorch twins of memtrade's models, built from a step dump's meta.json.
+
+Used by the reference tests (tests/python/) and the CPU peer benchmark. The GPT is nanoGPT's
+architecture (pre-LN, causal attention, GELU tanh, tied head, no dropout) with nanoGPT's names,
+so a memtrade dump loads with `load_state_dict` as is.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd, n_head, block_size):
+        super().__init__()
+        self.n_head = n_head
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        mask = torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size)
+        self.register_buffer("bias", mask, persistent=False)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        hd = C // self.n_head
+        q = q.view(B, T, self.n_head, hd).transpose(1, 2)  # (B, NH, T, hd)
+        k = k.view(B, T, self.n_head, hd).transpose(1, 2)
+        v = v.view(B, T, self.n_head, hd).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, NH, T, T)
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, n_embd):
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
+        self.c_proj = nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd, n_head, block_size):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, eps=1e-5)
+        self.attn = CausalSelfAttention(n_embd, n_head, block_size)
+        self.ln_2 = nn.LayerNorm(n_embd, eps=1e-5)
+        self.mlp = MLP(n_embd)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, n_layer, n_head, n_embd, vocab_size, block_size, **_):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab_size, n_embd),
+            wpe=nn.Embedding(block_size, n_embd),
+            h=nn.ModuleList([Block(n_embd, n_head, block_size) for _ in range(n_layer)]),
+            ln_f=nn.LayerNorm(n_embd, eps=1e-5),
+        ))
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied
+
+    def forward(self, idx, targets):
+        B, T = idx.size()
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+class MLPNet(nn.Module):
+    """Linear -> ReLU -> ... -> Linear; `layers.{i}` counts the Linear layers."""
+
+    def __init__(self, in_features, hidden, classes, **_):
+        super().__init__()
+        sizes = [in_features] + list(hidden) + [classes]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+
+    def forward(self, x, targets):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i + 1 < len(self.layers):
+                x = F.relu(x)
+        return F.cross_entropy(x, targets.reshape(-1))
+
+
+class ConvBn(nn.Module):
+    def __init__(self, ci, co, k, stride):
+        super().__init__()
+        self.conv = nn.Conv2d(ci, co, k, stride=stride, padding=k // 2, bias=False)
+        self.bn = nn.BatchNorm2d(co, eps=1e-5, momentum=0.1)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+class BasicBlock(nn.Module):
+    """torchvision's BasicBlock: conv-bn-relu-conv-bn + shortcut, then relu."""
+
+    def __init__(self, ci, co, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(ci, co, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(co)
+        self.conv2 = nn.Conv2d(co, co, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(co)
+        self.downsample = None
+        if stride != 1 or ci != co:
+            self.downsample = nn.Sequential(nn.Conv2d(ci, co, 1, stride=stride, bias=False),
+                                            nn.BatchNorm2d(co))
+
+    def forward(self, x):
+        y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        return F.relu(y + (self.downsample(x) if self.downsample is not None else x))
+
+
+class CNN(nn.Module):
+    def __init__(self, in_channels, stem_channels, widths, strides, classes, **_):
+        super().__init__()
+        self.stem = ConvBn(in_channels, stem_channels, 3, 1)
+        blocks, ci = [], stem_channels
+        for co, stride in zip(widths, strides):
+            blocks.append(BasicBlock(ci, co, stride))
+            ci = co
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(ci, classes)
+
+    def forward(self, x, targets):
+        x = F.relu(self.stem(x))
+        for block in self.blocks:
+            x = block(x)
+        return F.cross_entropy(self.head(x.mean(dim=(2, 3))), targets.reshape(-1))
+
+
+def build(family, hyper):
+    if family == "gpt":
+        return GPT(**hyper)
+    if family == "mlp":
+        return MLPNet(**hyper)
+    if family == "cnn":
+        return CNN(**hyper)
+    raise ValueError(f"no PyTorch twin for model family {family!r}")

@@ -1,0 +1,40 @@
+// The memory model: predicts a point's peak memory and its breakdown without running it.
+//
+// It executes the Trainer's step on a *meta device*: the same Model, Trainer and knobs, whose
+// allocator is the real CachingAllocator (same rounding, pools, segments, splitting) over a
+// provider that hands out address space without memory, and whose ops do no arithmetic but
+// take the same scratch buffers as the backend's ops. Every layer's saved activations, every
+// checkpoint/offload decision and every allocator rounding is therefore counted exactly as it
+// will happen; what it cannot see is library workspace that a vendor library decides at run
+// time (cuDNN algorithm workspace), which it bounds by the configured limit.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/allocator.h"
+#include "kernels/device.h"
+#include "models/config.h"
+
+namespace memtrade {
+
+struct MemoryEstimate {
+  std::int64_t peak_allocated = 0;
+  std::int64_t peak_reserved = 0;
+  std::int64_t host_pinned_peak = 0;
+  std::array<std::int64_t, kNumCategories> breakdown_at_peak{};
+  bool fits = true;         // within capacity (when one is given)
+  std::string oom_message;  // the allocator's message when it does not fit
+  double seconds = 0;       // how long the estimate took
+};
+
+// `warmup` steps run before the peak is reset, as the harness does; 1 is enough to reach the
+// steady state (optimizer state exists from the first step on).
+MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::size_t capacity,
+                               int warmup = 1);
+nlohmann::json estimate_json(const MemoryEstimate& e);
+
+}  // namespace memtrade

@@ -1,0 +1,44 @@
+// The step dump (`memtrade step ... --dump DIR`): one optimizer step, written as NumPy files so
+// that PyTorch (tests/python/test_torch_reference.py) can redo it from the same numbers.
+//
+//   DIR/inputs.npy               whole effective batch (B·k samples): GPT int32 (B·k, T),
+//                                MLP float32 (B·k, in), CNN float32 (B·k, C, H, W)
+//   DIR/targets.npy              int32 class ids, target_shape(B·k)
+//   DIR/loss.npy                 float32, shape (): mean loss over the effective batch
+//   DIR/params/<name>.npy        trainable parameters before the step, fp32 (master if any)
+//   DIR/grads/<name>.npy         grads of the mean loss over the effective batch, after
+//                                accumulation and unscaling, fp32 (inf/nan kept when an fp16
+//                                step overflowed and was skipped)
+//   DIR/params_after/<name>.npy  trainable parameters after the step, fp32
+//   DIR/meta.json                {"schema": "memtrade.step/1", "config": every knob in its
+//                                contract spelling (+ seed, effective lr, loss-scale settings),
+//                                "hyper": model.hyper(), "params": [names in order],
+//                                "shapes": {name: shape}, "optimizer_hyper": {...}, "loss",
+//                                "loss_scale", "skipped", "device", "backend"}
+//
+// Only trainable parameters are written (batch-norm running stats are buffers); GPT's head is
+// tied to transformer.wte.weight and not written twice. In eval mode there are no grads and no
+// update: grads/ and params_after/ are not written.
+#pragma once
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/device.h"
+#include "models/config.h"
+#include "models/model.h"
+
+namespace memtrade {
+
+// Runs ONE step of a fresh Trainer(dev, model, cfg) and writes the files above (creating DIR).
+// Throws std::runtime_error when a file cannot be written.
+void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
+                     const std::filesystem::path& dir);
+
+// meta.json's "config": every knob with its contract spelling.
+nlohmann::json step_config_json(const TrainConfig& cfg, float effective_lr);
+// meta.json's "optimizer_hyper": the OptimizerHyper fields by their torch.optim names.
+nlohmann::json optimizer_hyper_json(const OptimizerHyper& h);
+
+}  // namespace memtrade
