@@ -1,7 +1,7 @@
 # memtrade — two commands do everything on a fresh machine:
 #   make run    set up, build, run the main job (results under out/)
 #   make test   set up, build, run every test
-# Other targets: build, bench, peer (PyTorch comparison), format, format-check, clean.
+# Other targets: build, docs, bench, peer (PyTorch comparison), format, format-check, clean.
 BUILD      ?= build
 CMAKE_ARGS ?=
 JOBS       ?= $(shell nproc)
@@ -9,7 +9,7 @@ PYTHON     := /usr/bin/python3
 SHELL      := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all setup configure build test run bench peer format format-check clean
+.PHONY: all setup configure build test run docs bench peer format format-check clean
 
 all: build
 
@@ -30,14 +30,28 @@ build: configure
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
-# Placeholder main job until the harness lands (issue 4): one point of each model family on the
-# best backend present, with its peak memory, breakdown and step time, JSON under out/.
+# The main job: the smoke grid on the CPU, or the nightly grid where a CUDA device is usable;
+# results in out/<grid>.json, one step's allocator trace, and the charts in out/report/.
 run: build
 	@mkdir -p out
-	@for m in mlp-tiny gpt-tiny cnn-tiny; do \
-	  ./$(BUILD)/memtrade run --model $$m --batch-size 8 --optimizer adam --warmup 2 --steps 8 \
-	    --out out/$$m.json || exit 1; done
-	@echo "results: out/*.json"
+	@if ./$(BUILD)/memtrade devices | grep -qE '^cuda +usable'; then grid=nightly; else grid=smoke; fi; \
+	  ./$(BUILD)/memtrade run --grid ci/grids/$$grid.toml --out out/$$grid.json; rc=$$?; \
+	  [ $$rc -le 1 ] || exit $$rc; \
+	  first=$$(./$(BUILD)/memtrade run --grid ci/grids/$$grid.toml --list | head -n 1); \
+	  ./$(BUILD)/memtrade run --grid ci/grids/$$grid.toml --select "$$first" --quiet \
+	    --trace out/trace.json --out out/trace-point.json; \
+	  ./$(BUILD)/memtrade report out/$$grid.json --trace out/trace.json -o out/report \
+	    --title "memtrade $$grid grid" && echo "report: out/report/index.html"; \
+	  exit $$rc
+
+# The docs page: ci/grids/docs.toml on the CPU, charts and index in docs/ (committed).
+docs: build
+	@./$(BUILD)/memtrade run --grid ci/grids/docs.toml --backend cpu --out docs/results-cpu.json
+	@first=$$(./$(BUILD)/memtrade run --grid ci/grids/docs.toml --list | head -n 1); \
+	  ./$(BUILD)/memtrade run --grid ci/grids/docs.toml --select "$$first" --quiet \
+	    --trace docs/trace-cpu.json --out /tmp/memtrade-docs-trace-point.json
+	@./$(BUILD)/memtrade report docs/results-cpu.json --trace docs/trace-cpu.json -o docs \
+	  --title "memtrade trade-offs (CPU backend, $$(nproc) cores)"
 
 bench: build
 	@for b in $(BUILD)/bench/*; do $$b --benchmark_min_time=0.2 || exit 1; done

@@ -65,8 +65,18 @@ PointJob job_from_json(const nlohmann::json& j) {
 namespace {
 
 // Fault injection for the harness's own tests: MEMTRADE_FAULT="crash:ID-SUBSTRING" (SIGSEGV),
-// "hang:..." (never returns) or "exit:..." (exit 3 without a result) in the point whose id
+// "hang:..." (never returns), "exit:..." (exit 3 without a result) or "bloat:..." (1 MiB more
+// device memory held through the run: a planted memory regression) in the point whose id
 // contains the substring. Nothing else reads it.
+bool fault_requested(const std::string& id, const std::string& want) {
+  const char* env = std::getenv("MEMTRADE_FAULT");
+  if (env == nullptr) return false;
+  std::string spec = env;
+  auto colon = spec.find(':');
+  std::string match = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  return spec.substr(0, colon) == want && id.find(match) != std::string::npos;
+}
+
 void maybe_inject_fault(const std::string& id) {
   const char* env = std::getenv("MEMTRADE_FAULT");
   if (env == nullptr) return;
@@ -112,6 +122,10 @@ nlohmann::json run_point_row(const PointJob& job) {
   } catch (const std::exception&) {
     // The prediction is a cross-check; a failure to predict must not lose the measurement.
   }
+
+  Tensor bloat;
+  if (fault_requested(job.point.id, "bloat"))
+    bloat = dev->empty({static_cast<std::int64_t>(MiB / 4)}, DType::I32, Category::temporaries);
 
   PointRunOptions ro;
   ro.warmup = job.warmup;

@@ -338,9 +338,10 @@ int cmd_merge(const std::vector<std::string>& inputs, const std::string& out,
     if (!shards.empty()) {
       std::vector<std::string> names;
       for (auto i : shards) names.push_back(fmt::format("{}/{}", i, shard_count));
-      fmt::print("incomplete shards: {} (rerun each with --shard i/N --resume on its own file, "
-                 "then merge again)\n",
-                 fmt::join(names, " "));
+      fmt::print(
+          "incomplete shards: {} (rerun each with --shard i/N --resume on its own file, "
+          "then merge again)\n",
+          fmt::join(names, " "));
     }
     return 1;
   }

@@ -285,3 +285,26 @@ TEST(Run, SmokeGridAndTheMemoryModel) {
 
 }  // namespace
 }  // namespace memtrade
+
+namespace memtrade {
+namespace {
+
+TEST(Fit, LargestBatchIsConfirmedByRunning) {
+  TempDir dir;
+  CliResult r = run_cli("fit --backend cpu --model gpt-tiny --capacity 16MiB --confirm --json " +
+                        dir.file("f.json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json f = load(dir.file("f.json"));
+  ASSERT_EQ(f["rows"].size(), 1u);
+  const json& row = f["rows"][0];
+  std::int64_t best = row["max_batch"];
+  EXPECT_GT(best, 8);  // b8 peaks near 4 MiB
+  EXPECT_LE(row["predicted_peak"].get<std::int64_t>(), 16 * 1024 * 1024);
+  EXPECT_EQ(row["confirmed"]["at"], "ok");
+  EXPECT_EQ(row["confirmed"]["above"], "oom");
+  EXPECT_TRUE(row["confirmed_ok"].get<bool>());
+  EXPECT_EQ(run_cli("fit --model gpt-tiny").rc, 2);  // no --capacity
+}
+
+}  // namespace
+}  // namespace memtrade
