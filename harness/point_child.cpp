@@ -171,6 +171,7 @@ nlohmann::json run_point_row(const PointJob& job) {
       write_json_atomic(job.trace_path, {{"schema", "memtrade.trace/1"},
                                          {"point", job.point.id},
                                          {"config", row["config"]},
+                                         {"live_at_start", breakdown_json(m.trace_live_at_start)},
                                          {"events", events}});
     }
   } catch (const OutOfMemory& e) {

@@ -37,6 +37,7 @@ PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
     if (trace) {
       dev.memory().clear_trace();
       dev.memory().enable_trace(true);
+      m.trace_live_at_start = dev.memory().stats().by_category;
     }
     start->record(StreamKind::compute);
     StepResult r = trainer.step();

@@ -2,6 +2,7 @@
 // events, with the allocator's peak reset after warm-up so the figures are a steady step's.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -34,6 +35,7 @@ struct PointMeasurement {
   double samples_per_s = 0, tokens_per_s = 0, flops_per_step = 0;
   std::optional<std::int64_t> device_peak;  // driver-level bytes in use (CUDA), max over steps
   std::vector<TraceEvent> trace;            // when trace_last_step
+  std::array<std::int64_t, kNumCategories> trace_live_at_start{};  // bytes per category then
 };
 
 PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,

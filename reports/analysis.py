@@ -424,20 +424,27 @@ def fmt_pct(x: float | None) -> str:
 # Traces
 
 
-def trace_timeline(events: Sequence[dict]) -> dict:
+def trace_timeline(events: Sequence[dict], live_at_start: dict | None = None) -> dict:
     """Rebuild per-category live bytes from a trace's alloc/free events.
+
+    `live_at_start` (the trace's own field) gives each category's bytes already allocated when
+    the trace began (parameters, optimizer state, ...), so the stack adds up to `allocated`.
 
     Returns seq (list), categories (list, CATEGORIES order then others), live (list of lists:
     live[c][i] = bytes of category c live after event i), allocated / reserved (the allocator's
     own counters after each event), phases [(phase, first_seq, last_seq)], ooms [seq].
     """
     cats: list[str] = [c for c in CATEGORIES]
+    start = dict(live_at_start or {})
+    for c in start:
+        if c not in cats:
+            cats.append(c)
     for e in events:
         c = e.get("category")
         if e.get("kind") in ("alloc", "free") and c and c not in cats:
             cats.append(c)
     idx = {c: i for i, c in enumerate(cats)}
-    cur = [0] * len(cats)
+    cur = [int(start.get(c, 0) or 0) for c in cats]
     live: list[list[int]] = [[] for _ in cats]
     seq, allocated, reserved, ooms = [], [], [], []
     phases: list[list[Any]] = []

@@ -593,7 +593,7 @@ def timeline(trace: dict, outdir: pathlib.Path, formats: Sequence[str], key: str
     cfg = trace.get("config") or {}
     who = A.short_label(cfg) if cfg.get("model") else str(trace.get("point", "?"))
     title = f"Memory timeline of one step: {who}"
-    tl = A.trace_timeline(trace.get("events") or [])
+    tl = A.trace_timeline(trace.get("events") or [], trace.get("live_at_start"))
     if not tl["seq"]:
         return _skip(key, title, f"trace {trace.get('_path', '')} has no events")
     tops = [max((a or 0) for a in tl["allocated"]), max((r or 0) for r in tl["reserved"])]
