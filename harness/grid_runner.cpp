@@ -1,6 +1,7 @@
 #include "harness/grid_runner.h"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -160,7 +161,12 @@ int run_grid(const Grid& grid, const GridRunOptions& o) {
     ChildOutcome outcome = run_child({self_executable().string(), "__point", "--job",
                                       job_file.string(), "--result", result_file.string()},
                                      grid.run.timeout_s, work / "stderr.txt");
-    if (outcome.kind == ChildOutcome::Kind::interrupted) {
+    // SIGTERM/SIGINT reach the whole process group (Ctrl-C, scancel, a requeue): the child may
+    // die of it before our own handler runs. That is an interruption, not a crashed point, so
+    // nothing is recorded and --resume reruns it.
+    if (outcome.kind == ChildOutcome::Kind::interrupted || interrupted() ||
+        (outcome.kind == ChildOutcome::Kind::signaled &&
+         (outcome.signal == SIGTERM || outcome.signal == SIGINT))) {
       code = 130;
       break;
     }

@@ -21,7 +21,7 @@ def memtrade_point(binary, model, batch, threads, steps, tmp):
                     str(batch), "--optimizer", "adam", "--precision", "fp32", "--threads",
                     str(threads), "--warmup", "3", "--steps", str(steps), "--out", str(out)],
                    check=True, capture_output=True, text=True)
-    return json.loads(out.read_text())["time"]["samples_s"]
+    return json.loads(out.read_text())["points"][0]["time"]["samples_s"]
 
 
 def torch_point(model, batch, threads, steps, tmp, binary):
