@@ -1,8 +1,8 @@
 #include "harness/grid_runner.h"
 
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <set>

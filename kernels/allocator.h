@@ -114,7 +114,7 @@ struct AllocatorStats {
   std::int64_t num_frees = 0;
   std::int64_t num_segment_allocs = 0;  // raw provider calls that succeeded
   std::int64_t num_segment_frees = 0;
-  std::int64_t num_alloc_retries = 0;   // cache released and request retried
+  std::int64_t num_alloc_retries = 0;  // cache released and request retried
   std::int64_t num_ooms = 0;
   // Allocated bytes per category right now, and at the moment `allocated` last hit its peak.
   std::array<std::int64_t, kNumCategories> by_category{};
@@ -125,11 +125,11 @@ struct AllocatorStats {
 struct TraceEvent {
   enum class Kind : std::uint8_t { alloc, free, segment_alloc, segment_free, oom };
   Kind kind;
-  std::uint64_t seq;        // monotonically increasing per allocator
-  std::size_t bytes;        // rounded block size (segment size for segment events)
-  std::size_t requested;    // size asked for (alloc/free/oom)
+  std::uint64_t seq;      // monotonically increasing per allocator
+  std::size_t bytes;      // rounded block size (segment size for segment events)
+  std::size_t requested;  // size asked for (alloc/free/oom)
   Category category;
-  std::string phase;        // as set by set_phase() at the time of the event
+  std::string phase;  // as set by set_phase() at the time of the event
   std::int64_t allocated_after;
   std::int64_t reserved_after;
 };

@@ -9,16 +9,24 @@
 
 namespace memtrade {
 
-std::string_view backend_name(Backend b) { return b == Backend::cpu ? "cpu" : "cuda"; }
+std::string_view backend_name(Backend b) {
+  return b == Backend::cpu ? "cpu" : "cuda";
+}
 
 int optimizer_state_count(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::sgd: return 0;
-    case OptimizerKind::sgd_momentum: return 1;
-    case OptimizerKind::adam: return 2;
-    case OptimizerKind::adamw: return 2;
-    case OptimizerKind::adagrad: return 1;
-    case OptimizerKind::rmsprop: return 1;
+    case OptimizerKind::sgd:
+      return 0;
+    case OptimizerKind::sgd_momentum:
+      return 1;
+    case OptimizerKind::adam:
+      return 2;
+    case OptimizerKind::adamw:
+      return 2;
+    case OptimizerKind::adagrad:
+      return 1;
+    case OptimizerKind::rmsprop:
+      return 1;
   }
   return 0;
 }
@@ -26,23 +34,32 @@ int optimizer_state_count(OptimizerKind kind) {
 void Device::count_transfer(CopyKind kind, std::size_t bytes) {
   auto b = static_cast<std::int64_t>(bytes);
   switch (kind) {
-    case CopyKind::host_to_device: transfers_.h2d_bytes += b; break;
-    case CopyKind::device_to_host: transfers_.d2h_bytes += b; break;
-    case CopyKind::device_to_device: transfers_.d2d_bytes += b; break;
-    case CopyKind::host_to_host: break;
+    case CopyKind::host_to_device:
+      transfers_.h2d_bytes += b;
+      break;
+    case CopyKind::device_to_host:
+      transfers_.d2h_bytes += b;
+      break;
+    case CopyKind::device_to_device:
+      transfers_.d2d_bytes += b;
+      break;
+    case CopyKind::host_to_host:
+      break;
   }
 }
 
 void Device::upload(Tensor& dst, const void* host, std::size_t bytes, StreamKind stream) {
   if (bytes > dst.nbytes())
-    throw std::invalid_argument(fmt::format("upload of {} B into a {} B tensor", bytes, dst.nbytes()));
+    throw std::invalid_argument(
+        fmt::format("upload of {} B into a {} B tensor", bytes, dst.nbytes()));
   copy(dst.data(), host, bytes, CopyKind::host_to_device, stream);
   synchronize(stream);
 }
 
 void Device::download(void* host, const Tensor& src, std::size_t bytes, StreamKind stream) {
   if (bytes > src.nbytes())
-    throw std::invalid_argument(fmt::format("download of {} B from a {} B tensor", bytes, src.nbytes()));
+    throw std::invalid_argument(
+        fmt::format("download of {} B from a {} B tensor", bytes, src.nbytes()));
   copy(host, src.data(), bytes, CopyKind::device_to_host, stream);
   synchronize(stream);
 }
@@ -57,10 +74,11 @@ std::vector<float> Device::to_host_f32(const Tensor& t) {
 
 void Device::from_host_f32(Tensor& t, const std::vector<float>& values) {
   if (values.size() != static_cast<std::size_t>(t.numel()))
-    throw std::invalid_argument(fmt::format("from_host_f32: {} values for a tensor of {}",
-                                            values.size(), t.numel()));
+    throw std::invalid_argument(
+        fmt::format("from_host_f32: {} values for a tensor of {}", values.size(), t.numel()));
   std::vector<unsigned char> raw(t.nbytes());
-  for (std::size_t i = 0; i < values.size(); ++i) store_from_float(raw.data(), t.dtype(), i, values[i]);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    store_from_float(raw.data(), t.dtype(), i, values[i]);
   upload(t, raw.data(), raw.size());
 }
 
@@ -80,7 +98,8 @@ std::unique_ptr<Device> make_device(std::string_view backend, const DeviceOption
     if (backend == "auto") return make_cpu_device(options);
     throw std::runtime_error("CUDA backend unusable: " + cuda.detail);
   }
-  throw std::invalid_argument(fmt::format("unknown backend '{}' (expected auto, cpu or cuda)", backend));
+  throw std::invalid_argument(
+      fmt::format("unknown backend '{}' (expected auto, cpu or cuda)", backend));
 }
 
 }  // namespace memtrade

@@ -23,7 +23,12 @@ enum class Backend : std::uint8_t { cpu, cuda };
 std::string_view backend_name(Backend b);
 
 enum class StreamKind : std::uint8_t { compute, copy };
-enum class CopyKind : std::uint8_t { host_to_device, device_to_host, device_to_device, host_to_host };
+enum class CopyKind : std::uint8_t {
+  host_to_device,
+  device_to_host,
+  device_to_device,
+  host_to_host
+};
 
 // A point in a stream's timeline (cudaEvent_t on CUDA, a timestamp on the CPU).
 class Event {

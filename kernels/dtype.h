@@ -15,20 +15,28 @@ enum class DType : std::uint8_t { F32, F16, BF16, I32 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::I32: return 4;
-    case DType::F16: return 2;
-    case DType::BF16: return 2;
+    case DType::F32:
+      return 4;
+    case DType::I32:
+      return 4;
+    case DType::F16:
+      return 2;
+    case DType::BF16:
+      return 2;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    case DType::I32: return "i32";
+    case DType::F32:
+      return "f32";
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
+    case DType::I32:
+      return "i32";
   }
   return "?";
 }
@@ -36,10 +44,14 @@ constexpr std::string_view dtype_name(DType t) {
 // Unit roundoff (half an ulp at 1.0) used in tolerances `tol + |ref|·eps(dtype)`.
 constexpr float dtype_eps(DType t) {
   switch (t) {
-    case DType::F32: return 1.0f / (1 << 23);
-    case DType::F16: return 1.0f / (1 << 10);
-    case DType::BF16: return 1.0f / (1 << 7);
-    case DType::I32: return 0.0f;
+    case DType::F32:
+      return 1.0f / (1 << 23);
+    case DType::F16:
+      return 1.0f / (1 << 10);
+    case DType::BF16:
+      return 1.0f / (1 << 7);
+    case DType::I32:
+      return 0.0f;
   }
   return 0.0f;
 }
@@ -73,7 +85,7 @@ inline std::uint16_t float_to_f16(float f) {
   std::uint32_t x = detail::bits_of(f);
   std::uint32_t sign = (x >> 16) & 0x8000u;
   std::uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
   if (abs < 0x38800000u) {  // below 2^-14: subnormal or zero
     // Scale so that the subnormal quantum 2^-24 becomes 1.0 and round as an integer.
@@ -105,19 +117,31 @@ inline float f16_to_float(std::uint16_t h) {
 // Read element i of a buffer of dtype t as fp32, and write it back (I32 is converted by value).
 inline float load_as_float(const void* p, DType t, std::size_t i) {
   switch (t) {
-    case DType::F32: return static_cast<const float*>(p)[i];
-    case DType::F16: return f16_to_float(static_cast<const std::uint16_t*>(p)[i]);
-    case DType::BF16: return bf16_to_float(static_cast<const std::uint16_t*>(p)[i]);
-    case DType::I32: return static_cast<float>(static_cast<const std::int32_t*>(p)[i]);
+    case DType::F32:
+      return static_cast<const float*>(p)[i];
+    case DType::F16:
+      return f16_to_float(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::BF16:
+      return bf16_to_float(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::I32:
+      return static_cast<float>(static_cast<const std::int32_t*>(p)[i]);
   }
   return 0.0f;
 }
 inline void store_from_float(void* p, DType t, std::size_t i, float v) {
   switch (t) {
-    case DType::F32: static_cast<float*>(p)[i] = v; break;
-    case DType::F16: static_cast<std::uint16_t*>(p)[i] = float_to_f16(v); break;
-    case DType::BF16: static_cast<std::uint16_t*>(p)[i] = float_to_bf16(v); break;
-    case DType::I32: static_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(v); break;
+    case DType::F32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::F16:
+      static_cast<std::uint16_t*>(p)[i] = float_to_f16(v);
+      break;
+    case DType::BF16:
+      static_cast<std::uint16_t*>(p)[i] = float_to_bf16(v);
+      break;
+    case DType::I32:
+      static_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(v);
+      break;
   }
 }
 

@@ -33,10 +33,10 @@ struct OptimizerHyper {
   float dampening = 0.0f;
   bool nesterov = false;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adam, adamw; rmsprop/adagrad use eps too
-  float alpha = 0.99f;                               // rmsprop smoothing
-  float lr_decay = 0.0f;                             // adagrad
-  float initial_accumulator_value = 0.0f;            // adagrad
-  std::int64_t step = 1;                             // 1-based step count (bias correction)
+  float alpha = 0.99f;                              // rmsprop smoothing
+  float lr_decay = 0.0f;                            // adagrad
+  float initial_accumulator_value = 0.0f;           // adagrad
+  std::int64_t step = 1;                            // 1-based step count (bias correction)
 };
 
 // Number of fp32-sized state tensors per parameter: 0, 1, 2, 2, 1, 1.
@@ -64,7 +64,7 @@ class Ops {
 
   // ---- element-wise --------------------------------------------------------------------------
   virtual void fill(Tensor& t, float value) = 0;
-  virtual void cast(Tensor& dst, const Tensor& src) = 0;  // same numel, any dtypes
+  virtual void cast(Tensor& dst, const Tensor& src) = 0;                // same numel, any dtypes
   virtual void add(Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
   virtual void add_inplace(Tensor& y, const Tensor& x) = 0;             // y += x
   virtual void scale(Tensor& t, float s) = 0;                           // t *= s
@@ -79,9 +79,9 @@ class Ops {
   // inp (N, C) -> out (N, C); mean, rstd (N) F32, saved for backward.
   virtual void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                                  const Tensor& weight, const Tensor& bias, float eps) = 0;
-  virtual void layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias,
-                                  const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                                  const Tensor& mean, const Tensor& rstd, bool accumulate) = 0;
+  virtual void layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                                  const Tensor& inp, const Tensor& weight, const Tensor& mean,
+                                  const Tensor& rstd, bool accumulate) = 0;
   // Row softmax over the last dim: inp (N, C) -> out (N, C).
   virtual void softmax_forward(Tensor& out, const Tensor& inp) = 0;
   virtual void softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) = 0;

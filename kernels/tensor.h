@@ -39,9 +39,13 @@ class Tensor {
   void* data() { return data_; }
   const void* data() const { return data_; }
   template <typename T>
-  T* as() { return static_cast<T*>(data_); }
+  T* as() {
+    return static_cast<T*>(data_);
+  }
   template <typename T>
-  const T* as() const { return static_cast<const T*>(data_); }
+  const T* as() const {
+    return static_cast<const T*>(data_);
+  }
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }

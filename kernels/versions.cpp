@@ -38,7 +38,11 @@ std::vector<std::pair<std::string, std::string>> library_versions() {
   return v;
 }
 
-std::string git_commit() { return MEMTRADE_GIT_COMMIT; }
-bool git_dirty() { return MEMTRADE_GIT_DIRTY; }
+std::string git_commit() {
+  return MEMTRADE_GIT_COMMIT;
+}
+bool git_dirty() {
+  return MEMTRADE_GIT_DIRTY;
+}
 
 }  // namespace memtrade

@@ -72,9 +72,12 @@ constexpr std::array<std::pair<std::string_view, InputMemory>, 2> kInputs{{
 
 std::string Checkpoint::str() const {
   switch (kind) {
-    case Kind::sqrt: return "sqrt";
-    case Kind::selective: return "selective";
-    case Kind::density: break;
+    case Kind::sqrt:
+      return "sqrt";
+    case Kind::selective:
+      return "selective";
+    case Kind::density:
+      break;
   }
   return fmt::format("{}", density);  // shortest round-trip form: "0", "0.5", "1"
 }
@@ -89,39 +92,80 @@ std::optional<Checkpoint> Checkpoint::parse(std::string_view s) {
   return Checkpoint{Kind::density, d};
 }
 
-std::string_view precision_name(Precision p) { return name_of(kPrecisions, p); }
-std::string_view optimizer_name(OptimizerKind o) { return name_of(kOptimizers, o); }
-std::string_view offload_name(Offload o) { return name_of(kOffloads, o); }
-std::string_view zero_grad_name(ZeroGrad z) { return name_of(kZeroGrads, z); }
-std::string_view mode_name(Mode m) { return name_of(kModes, m); }
-std::string_view empty_cache_name(EmptyCache e) { return name_of(kEmptyCaches, e); }
-std::string_view input_name(InputMemory i) { return name_of(kInputs, i); }
+std::string_view precision_name(Precision p) {
+  return name_of(kPrecisions, p);
+}
+std::string_view optimizer_name(OptimizerKind o) {
+  return name_of(kOptimizers, o);
+}
+std::string_view offload_name(Offload o) {
+  return name_of(kOffloads, o);
+}
+std::string_view zero_grad_name(ZeroGrad z) {
+  return name_of(kZeroGrads, z);
+}
+std::string_view mode_name(Mode m) {
+  return name_of(kModes, m);
+}
+std::string_view empty_cache_name(EmptyCache e) {
+  return name_of(kEmptyCaches, e);
+}
+std::string_view input_name(InputMemory i) {
+  return name_of(kInputs, i);
+}
 
-std::optional<Precision> parse_precision(std::string_view s) { return lookup(kPrecisions, s); }
-std::optional<OptimizerKind> parse_optimizer(std::string_view s) { return lookup(kOptimizers, s); }
-std::optional<Offload> parse_offload(std::string_view s) { return lookup(kOffloads, s); }
-std::optional<ZeroGrad> parse_zero_grad(std::string_view s) { return lookup(kZeroGrads, s); }
-std::optional<Mode> parse_mode(std::string_view s) { return lookup(kModes, s); }
-std::optional<EmptyCache> parse_empty_cache(std::string_view s) { return lookup(kEmptyCaches, s); }
-std::optional<InputMemory> parse_input(std::string_view s) { return lookup(kInputs, s); }
+std::optional<Precision> parse_precision(std::string_view s) {
+  return lookup(kPrecisions, s);
+}
+std::optional<OptimizerKind> parse_optimizer(std::string_view s) {
+  return lookup(kOptimizers, s);
+}
+std::optional<Offload> parse_offload(std::string_view s) {
+  return lookup(kOffloads, s);
+}
+std::optional<ZeroGrad> parse_zero_grad(std::string_view s) {
+  return lookup(kZeroGrads, s);
+}
+std::optional<Mode> parse_mode(std::string_view s) {
+  return lookup(kModes, s);
+}
+std::optional<EmptyCache> parse_empty_cache(std::string_view s) {
+  return lookup(kEmptyCaches, s);
+}
+std::optional<InputMemory> parse_input(std::string_view s) {
+  return lookup(kInputs, s);
+}
 
-std::vector<std::string> precision_names() { return names(kPrecisions); }
-std::vector<std::string> optimizer_names() { return names(kOptimizers); }
-std::vector<std::string> offload_names() { return names(kOffloads); }
+std::vector<std::string> precision_names() {
+  return names(kPrecisions);
+}
+std::vector<std::string> optimizer_names() {
+  return names(kOptimizers);
+}
+std::vector<std::string> offload_names() {
+  return names(kOffloads);
+}
 
 DType compute_dtype(Precision p) {
   switch (p) {
     case Precision::fp32:
-    case Precision::tf32: return DType::F32;
+    case Precision::tf32:
+      return DType::F32;
     case Precision::fp16:
-    case Precision::fp16_pure: return DType::F16;
+    case Precision::fp16_pure:
+      return DType::F16;
     case Precision::bf16:
-    case Precision::bf16_pure: return DType::BF16;
+    case Precision::bf16_pure:
+      return DType::BF16;
   }
   return DType::F32;
 }
 
-bool has_master_copy(Precision p) { return p == Precision::fp16 || p == Precision::bf16; }
-bool uses_loss_scaling(Precision p) { return p == Precision::fp16 || p == Precision::fp16_pure; }
+bool has_master_copy(Precision p) {
+  return p == Precision::fp16 || p == Precision::bf16;
+}
+bool uses_loss_scaling(Precision p) {
+  return p == Precision::fp16 || p == Precision::fp16_pure;
+}
 
 }  // namespace memtrade

@@ -45,7 +45,7 @@ struct TrainConfig {
   EmptyCache empty_cache = EmptyCache::never;
   InputMemory input = InputMemory::pinned;
   std::uint64_t seed = 0;
-  float lr = 0.0f;                         // 0 = the optimizer's default for this model
+  float lr = 0.0f;                                 // 0 = the optimizer's default for this model
   std::int64_t loss_scale_growth_interval = 2000;  // fp16 dynamic loss scaling
   float loss_scale_init = 65536.0f;
 };

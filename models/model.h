@@ -22,11 +22,12 @@
 namespace memtrade {
 
 struct ParamSpec {
-  std::string name;     // PyTorch module naming: "transformer.h.0.attn.c_attn.weight"
-  Shape shape;          // PyTorch layout: nn.Linear weight is (out, in)
-  float init_std = 0;   // > 0: normal(0, std); 0: zeros; < 0: ones
-  int block = -1;       // index of the block it belongs to (-1: outside the repeated blocks)
-  bool trainable = true;  // false for buffers (batch-norm running stats): F32, no grad, no optimizer
+  std::string name;    // PyTorch module naming: "transformer.h.0.attn.c_attn.weight"
+  Shape shape;         // PyTorch layout: nn.Linear weight is (out, in)
+  float init_std = 0;  // > 0: normal(0, std); 0: zeros; < 0: ones
+  int block = -1;      // index of the block it belongs to (-1: outside the repeated blocks)
+  bool trainable =
+      true;  // false for buffers (batch-norm running stats): F32, no grad, no optimizer
 };
 
 // A gradient as handed to a layer's backward: write into `t`, adding when `accumulate`.
@@ -52,9 +53,9 @@ class ParamStore {
 
 // How a forward/backward pass runs.
 struct RunOptions {
-  DType act_dtype = DType::F32;  // activations (and weights) dtype
-  bool training = true;          // eval: nothing saved, no backward
-  Checkpoint checkpoint{};       // which blocks are recomputed in backward
+  DType act_dtype = DType::F32;      // activations (and weights) dtype
+  bool training = true;              // eval: nothing saved, no backward
+  Checkpoint checkpoint{};           // which blocks are recomputed in backward
   bool offload_activations = false;  // saved activations go to pinned host memory
 };
 
@@ -78,7 +79,7 @@ class Model {
 
   // One micro-batch of `batch` samples.
   virtual Shape input_shape(std::int64_t batch) const = 0;
-  virtual DType input_dtype(DType act_dtype) const = 0;    // I32 tokens or float features
+  virtual DType input_dtype(DType act_dtype) const = 0;      // I32 tokens or float features
   virtual Shape target_shape(std::int64_t batch) const = 0;  // I32 class ids
   virtual std::int64_t rows_per_sample() const = 0;  // loss rows per sample (T for GPT, else 1)
   virtual FlopCount flops(std::int64_t batch, const RunOptions& options) const = 0;
@@ -91,8 +92,8 @@ class Model {
 
   // Forward of one micro-batch; returns per-row losses (N,) F32 on the device. In training
   // mode it keeps what backward needs (per options); in eval mode it keeps nothing.
-  virtual Tensor forward(Device& dev, ParamStore& store, const Tensor& input,
-                         const Tensor& targets, const RunOptions& options) = 0;
+  virtual Tensor forward(Device& dev, ParamStore& store, const Tensor& input, const Tensor& targets,
+                         const RunOptions& options) = 0;
   // Backward of the last forward with dL/dloss_row = dloss for every row (the Trainer passes
   // loss_scale / rows of the whole effective batch). Releases everything forward saved.
   virtual void backward(Device& dev, ParamStore& store, float dloss) = 0;

@@ -69,12 +69,24 @@ class CpuDevice final : public Device {
 #endif
   }
 
-  Backend backend() const override { return Backend::cpu; }
-  std::string name() const override { return cpu_device_description(threads_); }
-  std::size_t total_memory() const override { return physical_memory(); }
-  CachingAllocator& memory() override { return memory_; }
-  CachingAllocator& pinned() override { return pinned_; }
-  Ops& ops() override { return *ops_; }
+  Backend backend() const override {
+    return Backend::cpu;
+  }
+  std::string name() const override {
+    return cpu_device_description(threads_);
+  }
+  std::size_t total_memory() const override {
+    return physical_memory();
+  }
+  CachingAllocator& memory() override {
+    return memory_;
+  }
+  CachingAllocator& pinned() override {
+    return pinned_;
+  }
+  Ops& ops() override {
+    return *ops_;
+  }
 
   void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind, StreamKind) override {
     if (bytes == 0) return;
@@ -83,7 +95,9 @@ class CpuDevice final : public Device {
   }
   void synchronize() override {}
   void synchronize(StreamKind) override {}
-  std::unique_ptr<Event> make_event() override { return std::make_unique<CpuEvent>(); }
+  std::unique_ptr<Event> make_event() override {
+    return std::make_unique<CpuEvent>();
+  }
   void wait(StreamKind, Event&) override {}
 
  private:

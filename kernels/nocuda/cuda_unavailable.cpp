@@ -14,6 +14,8 @@ std::unique_ptr<Device> make_cuda_device(const DeviceOptions&) {
   throw std::runtime_error("CUDA backend not built into this binary");
 }
 
-std::vector<std::pair<std::string, std::string>> cuda_library_versions() { return {}; }
+std::vector<std::pair<std::string, std::string>> cuda_library_versions() {
+  return {};
+}
 
 }  // namespace memtrade

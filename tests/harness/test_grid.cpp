@@ -153,7 +153,7 @@ TEST(Grid, ErrorsNameFileLineAndKey) {
 }
 
 TEST(Grid, ShippedGridsParse) {
-  for (const char* name : {"smoke", "nightly", "docs"}) {
+  for (const char* name : {"smoke", "nightly", "docs", "gpu-check"}) {
     std::string path = std::string(MEMTRADE_SOURCE_DIR) + "/ci/grids/" + name + ".toml";
     Grid g = load_grid(path, "cpu");
     EXPECT_GT(g.points.size(), 0u) << name;
