@@ -13,44 +13,14 @@
 
 #include <fmt/format.h>
 
+#include "counting_provider.h"
 #include "kernels/allocator.h"
 
 namespace memtrade {
 namespace {
 
-struct ProviderLog {
-  std::map<std::uintptr_t, std::size_t> live;
-  std::size_t outstanding = 0;
-  int bad_releases = 0;
-};
-
-class CountingProvider final : public RawProvider {
- public:
-  explicit CountingProvider(ProviderLog& log) : log_(log) {}
-  void* allocate(std::size_t bytes) override {
-    void* p = host_.allocate(bytes);
-    if (p != nullptr) {
-      log_.live[reinterpret_cast<std::uintptr_t>(p)] = bytes;
-      log_.outstanding += bytes;
-    }
-    return p;
-  }
-  void release(void* ptr, std::size_t bytes) noexcept override {
-    auto it = log_.live.find(reinterpret_cast<std::uintptr_t>(ptr));
-    if (it == log_.live.end() || it->second != bytes) {
-      ++log_.bad_releases;
-      return;
-    }
-    log_.outstanding -= bytes;
-    log_.live.erase(it);
-    host_.release(ptr, bytes);
-  }
-  std::string_view name() const override { return "counting"; }
-
- private:
-  ProviderLog& log_;
-  HostProvider host_;
-};
+using testing::CountingProvider;
+using testing::ProviderLog;
 
 // The policy, written the slow and obvious way.
 class Model {
