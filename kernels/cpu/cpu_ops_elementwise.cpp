@@ -91,12 +91,25 @@ void CpuOps::scale(Tensor& t, float s) {
   });
 }
 
+namespace {
+
+// tanh through one expf: tanh(|u|) = (1 - e^{-2|u|}) / (1 + e^{-2|u|}). glibc's tanhf goes
+// through expm1f and was a fifth of a gpt-mini training step (perf); this is ~2x cheaper and
+// within ~1.2e-7 absolute of tanh, far below what GELU's 0.5·x·(1 + tanh) can see in fp32.
+inline float tanh_via_exp(float u) {
+  const float t = std::exp(-2.0f * std::fabs(u));
+  const float r = (1.0f - t) / (1.0f + t);
+  return std::copysign(r, u);
+}
+
+}  // namespace
+
 void CpuOps::gelu_forward(Tensor& out, const Tensor& inp) {
   check_unary("gelu_forward", out, inp);
   map1(out, inp, [](const float* x, float* y, std::int64_t n) {
     for (std::int64_t i = 0; i < n; ++i) {
       const float v = x[i];
-      y[i] = 0.5f * v * (1.0f + std::tanh(kGeluScale * (v + 0.044715f * v * v * v)));
+      y[i] = 0.5f * v * (1.0f + tanh_via_exp(kGeluScale * (v + 0.044715f * v * v * v)));
     }
   });
 }
@@ -106,7 +119,7 @@ void CpuOps::gelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) 
   map2(dinp, dout, inp, [](const float* g, const float* x, float* y, std::int64_t n) {
     for (std::int64_t i = 0; i < n; ++i) {
       const float v = x[i];
-      const float th = std::tanh(kGeluScale * (v + 0.044715f * v * v * v));
+      const float th = tanh_via_exp(kGeluScale * (v + 0.044715f * v * v * v));
       const float sech2 = 1.0f - th * th;
       const float local =
           0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
