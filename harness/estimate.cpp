@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "harness/point_runner.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "models/model.h"
@@ -96,9 +97,7 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
 }
 
 nlohmann::json estimate_json(const MemoryEstimate& e) {
-  nlohmann::json b = nlohmann::json::object();
-  for (std::size_t c = 0; c < kNumCategories; ++c)
-    b[std::string(category_name(static_cast<Category>(c)))] = e.breakdown_at_peak[c];
+  nlohmann::json b = breakdown_json(e.breakdown_at_peak);
   return {{"peak_allocated", e.peak_allocated},
           {"peak_reserved", e.peak_reserved},
           {"host_pinned_peak", e.host_pinned_peak},

@@ -18,22 +18,13 @@
 namespace memtrade {
 namespace {
 
-nlohmann::json breakdown_json(const std::array<std::int64_t, kNumCategories>& b) {
-  nlohmann::json j = nlohmann::json::object();
-  for (std::size_t c = 0; c < kNumCategories; ++c)
-    j[std::string(category_name(static_cast<Category>(c)))] = b[c];
-  return j;
-}
-
 // Peak dense rate of the device for this precision, where known (for MFU).
 std::optional<double> peak_flops(const Device& dev, Precision p) {
   std::string name = dev.name();
-  bool half = p != Precision::fp32;  // tf32, fp16, bf16: tensor cores
   if (name.find("H200") != std::string::npos || name.find("H100") != std::string::npos)
     return p == Precision::fp32 ? 67e12 : p == Precision::tf32 ? 494.7e12 : 989.4e12;
   if (name.find("A100") != std::string::npos)
     return p == Precision::fp32 ? 19.5e12 : p == Precision::tf32 ? 156e12 : 312e12;
-  (void)half;
   return std::nullopt;
 }
 

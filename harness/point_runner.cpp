@@ -7,9 +7,17 @@
 
 #include <fmt/format.h>
 
+#include "harness/grid.h"
 #include "models/trainer.h"
 
 namespace memtrade {
+
+nlohmann::json breakdown_json(const std::array<std::int64_t, kNumCategories>& bytes) {
+  nlohmann::json j = nlohmann::json::object();
+  for (std::size_t c = 0; c < kNumCategories; ++c)
+    j[std::string(category_name(static_cast<Category>(c)))] = bytes[c];
+  return j;
+}
 
 double quantile(std::vector<double> s, double q) {
   if (s.empty()) return 0.0;
@@ -83,25 +91,9 @@ PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
 
 nlohmann::json measurement_json(const Device& dev, const Model& model, const TrainConfig& cfg,
                                 const PointMeasurement& m) {
-  nlohmann::json breakdown = nlohmann::json::object();
-  for (std::size_t c = 0; c < kNumCategories; ++c)
-    breakdown[std::string(category_name(static_cast<Category>(c)))] =
-        m.memory.by_category_at_peak[c];
-  nlohmann::json config = {
-      {"model", cfg.model},
-      {"batch_size", cfg.batch_size},
-      {"accumulation", cfg.accumulation},
-      {"precision", precision_name(cfg.precision)},
-      {"checkpoint", cfg.checkpoint.str()},
-      {"optimizer", optimizer_name(cfg.optimizer)},
-      {"offload", offload_name(cfg.offload)},
-      {"zero_grad", zero_grad_name(cfg.zero_grad)},
-      {"mode", mode_name(cfg.mode)},
-      {"empty_cache", empty_cache_name(cfg.empty_cache)},
-      {"input", input_name(cfg.input)},
-      {"seed", cfg.seed},
-      {"hyper", model.hyper()},
-  };
+  nlohmann::json breakdown = breakdown_json(m.memory.by_category_at_peak);
+  nlohmann::json config = config_json(cfg);
+  config["hyper"] = model.hyper();
   return {
       {"config", config},
       {"backend", backend_name(dev.backend())},

@@ -46,6 +46,9 @@ nlohmann::json measurement_json(const Device& dev, const Model& model, const Tra
 int run_point_and_print(Device& dev, Model& model, const TrainConfig& cfg,
                         const PointRunOptions& options);
 
+// Bytes per category as {"params": ..., "grads": ..., ...}, the results' breakdown format.
+nlohmann::json breakdown_json(const std::array<std::int64_t, kNumCategories>& bytes);
+
 // Quantile with linear interpolation (numpy's default) of unsorted samples.
 double quantile(std::vector<double> samples, double q);
 
