@@ -1,4 +1,5 @@
 #include "models/data.h"
+#include "models/splitmix.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,13 +8,6 @@
 
 namespace memtrade {
 namespace {
-
-std::uint64_t mix(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // Salts keep the teacher's and the rows' streams apart.
 constexpr std::uint64_t kTeacher = 0x7465616368657200ull;
@@ -26,7 +20,7 @@ void check_range(std::int64_t first, std::int64_t batch) {
 }  // namespace
 
 SplitMix::SplitMix(std::uint64_t seed, std::uint64_t stream, std::uint64_t salt)
-    : s_(mix(mix(seed) ^ mix(stream ^ salt))) {}
+    : s_(splitmix64(splitmix64(seed) ^ splitmix64(stream ^ salt))) {}
 
 std::uint64_t SplitMix::next() {
   s_ += 0x9e3779b97f4a7c15ull;

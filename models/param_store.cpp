@@ -1,4 +1,5 @@
 #include "models/param_store.h"
+#include "models/splitmix.h"
 
 #include <cmath>
 #include <cstring>
@@ -9,15 +10,8 @@
 namespace memtrade {
 namespace {
 
-// The splitmix64 finaliser as a counter-based generator: value k of a stream is hash(base + k).
-// Portable (std::normal_distribution is implementation-defined) and parallel: every element
-// is computed on its own, so initialising a 1.5B-parameter model takes all cores.
-std::uint64_t mix64(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+// Counter-based normal values (models/splitmix.h): std::normal_distribution is
+// implementation-defined, and every element computed on its own lets init use all cores.
 double unit(std::uint64_t h) {
   return static_cast<double>(h >> 11) * 0x1.0p-53;
 }  // [0, 1)
@@ -30,14 +24,15 @@ std::vector<float> init_values(const ParamSpec& spec, std::uint64_t seed, int in
     std::fill(v.begin(), v.end(), 1.0f);
     return v;
   }
-  const std::uint64_t base = mix64(mix64(seed) ^ (static_cast<std::uint64_t>(index) << 32));
+  const std::uint64_t base =
+      splitmix64(splitmix64(seed) ^ (static_cast<std::uint64_t>(index) << 32));
   const auto pairs = static_cast<std::int64_t>((v.size() + 1) / 2);
   constexpr double kTwoPi = 6.283185307179586;
 #pragma omp parallel for schedule(static) if (pairs > 65536)
   for (std::int64_t k = 0; k < pairs; ++k) {
     const auto i = static_cast<std::size_t>(2 * k);
-    const double u1 = 1.0 - unit(mix64(base + i));  // (0, 1]: log is finite
-    const double u2 = unit(mix64(base + i + 1));
+    const double u1 = 1.0 - unit(splitmix64(base + i));  // (0, 1]: log is finite
+    const double u2 = unit(splitmix64(base + i + 1));
     const double r = std::sqrt(-2.0 * std::log(u1)) * spec.init_std;
     v[i] = static_cast<float>(r * std::cos(kTwoPi * u2));
     if (i + 1 < v.size()) v[i + 1] = static_cast<float>(r * std::sin(kTwoPi * u2));
