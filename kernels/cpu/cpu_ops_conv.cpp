@@ -157,6 +157,8 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
   auto dout_buf = scratch_if(dout.dtype() != DType::F32, alloc, {d.co, d.p()});
   auto dinp_buf = scratch_if(dinp && dinp->dtype() != DType::F32, alloc, {d.ci, d.h, d.w});
   Tensor col(alloc, {d.k(), d.p()}, DType::F32, Category::workspace);
+  // An empty batch still assigns a gradient of zeros (the per-image GEMMs below never run).
+  if (dw && d.n == 0 && !accumulate) std::fill_n(dw->data(), weight.numel(), 0.0f);
   for (std::int64_t img = 0; img < d.n; ++img) {
     const std::int64_t out_off = img * d.co * d.p();
     const float* g = dout_buf ? dout_buf->as<float>() : dout.as<float>() + out_off;

@@ -131,7 +131,9 @@ void CpuOps::gelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) 
 void CpuOps::relu_forward(Tensor& out, const Tensor& inp) {
   check_unary("relu_forward", out, inp);
   map1(out, inp, [](const float* x, float* y, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    // NaN propagates, as in torch.relu (x > 0 ? x : 0 would turn it into 0, hiding it from the
+    // loss scaler's inf/nan check).
+    for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
   });
 }
 

@@ -77,6 +77,18 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
 #endif
 }
 
+namespace {
+
+// N of an (..., C) input: the product of its leading dims (not numel / C, which divides by zero
+// when C == 0; an (N, 0) input still makes an (N, OC) output, the bias or zeros).
+std::int64_t leading_rows(const Tensor& t) {
+  std::int64_t rows = 1;
+  for (int i = 0; i + 1 < t.ndim(); ++i) rows *= t.dim(i);
+  return rows;
+}
+
+}  // namespace
+
 void CpuOps::matmul(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                     float alpha, float beta) {
   constexpr std::string_view op = "matmul";
@@ -117,7 +129,7 @@ void CpuOps::linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight
   const std::int64_t oc = weight.dim(0), ch = weight.dim(1);
   if (inp.dim(-1) != ch)
     fail(op, "inp {} vs weight {}", shape_str(inp.shape()), shape_str(weight.shape()));
-  const std::int64_t rows = inp.numel() / ch;  // leading dims flatten to N
+  const std::int64_t rows = leading_rows(inp);
   Shape out_shape = inp.shape();
   out_shape.back() = oc;
   check_shape(op, "out", out, out_shape);
@@ -155,7 +167,7 @@ void CpuOps::linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
   if (weight.ndim() != 2 || inp.ndim() < 2 || inp.dim(-1) != weight.dim(1))
     fail(op, "inp {} and weight {} do not match", shape_str(inp.shape()),
          shape_str(weight.shape()));
-  const std::int64_t oc = weight.dim(0), ch = weight.dim(1), rows = inp.numel() / ch;
+  const std::int64_t oc = weight.dim(0), ch = weight.dim(1), rows = leading_rows(inp);
   Shape dout_shape = inp.shape();
   dout_shape.back() = oc;
   check_shape(op, "dout", dout, dout_shape);

@@ -37,7 +37,8 @@ void check_embedding_shapes(std::string_view op, const Tensor& bt_c, const Tenso
 std::int64_t check_ce(std::string_view op, const Tensor& logits, const Tensor& targets) {
   check_float(op, "logits", logits);
   check_i32(op, "targets", targets);
-  if (logits.ndim() < 2) fail(op, "logits {} must be (N, V)", shape_str(logits.shape()));
+  if (logits.ndim() < 2 || logits.dim(-1) < 1)
+    fail(op, "logits {} must be (N, V) with V >= 1", shape_str(logits.shape()));
   const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
   if (targets.numel() != n)
     fail(op, "targets {} do not match logits {}", shape_str(targets.shape()),

@@ -10,8 +10,11 @@ namespace memtrade::cpu {
 namespace {
 
 // Rows of a (N, C) view of t, C being the last dim.
+// Product of the leading dimensions (not numel / last: a zero-width last dimension has rows).
 std::int64_t rows_of(const Tensor& t) {
-  return t.ndim() == 0 ? 1 : t.numel() / t.dim(-1);
+  std::int64_t r = 1;
+  for (int i = 0; i + 1 < t.ndim(); ++i) r *= t.dim(i);
+  return r;
 }
 
 void check_stat(std::string_view op, std::string_view name, const Tensor& t, std::int64_t n) {

@@ -96,8 +96,8 @@ struct Gelu {
     return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
   }
 };
-struct Relu {
-  __device__ float operator()(float x) const { return x > 0.0f ? x : 0.0f; }
+struct Relu {  // NaN propagates, as in torch.relu (x > 0 ? x : 0 would hide it from the scaler)
+  __device__ float operator()(float x) const { return x <= 0.0f ? 0.0f : x; }
 };
 struct Add {
   __device__ float operator()(float a, float b) const { return a + b; }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "kernels/cuda/cuda_ops.h"
 
@@ -80,6 +81,14 @@ Layout make_layout(DType t, std::int64_t rows, std::int64_t cols, std::int64_t l
 template <typename T>
 void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& value) {
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)));
+}
+
+// N of an (..., C) input: the product of its leading dims (not numel / C, which is 0 / 0 when
+// C == 0; an (N, 0) input still makes an (N, OC) output, the bias or zeros).
+std::int64_t leading_rows(const Tensor& t) {
+  std::int64_t rows = 1;
+  for (int i = 0; i + 1 < t.ndim(); ++i) rows *= t.dim(i);
+  return rows;
 }
 
 // Picks the dtype a GEMM runs in: the output's, unless A and B share a 16-bit dtype and the
@@ -167,7 +176,8 @@ void CudaOps::gemm(const GemmDesc& g) {
                       0,
                       0};
     if (auto it = gemm_algos_.find(key); it != gemm_algos_.end()) {
-      *algo = it->second;
+      if (!it->second) return false;  // known: no fused-bias algorithm for this problem
+      *algo = *it->second;
       return true;
     }
     cublasLtMatmulPreference_t p = nullptr;
@@ -184,15 +194,30 @@ void CudaOps::gemm(const GemmDesc& g) {
                                                       &align_c, sizeof(align_c)));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                       &align_c, sizeof(align_c)));
+    if (g.c_type != DType::F32) {
+      // A 16-bit D must be rounded once (ops.h). The default mask also allows split-K schemes
+      // that add the partial sums in D's dtype (INPLACE, OUTPUT_TYPE), i.e. round each split;
+      // keep fp32 partials (COMPUTE_TYPE) or none. c_type is in the key, so the cache agrees.
+      const std::uint32_t schemes =
+          CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes)));
+    }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
         lt_.get(), desc, la.get(), lb.get(), lc.get(), lc.get(), p, 1, &result, &found);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-      if (with_bias) return false;  // the caller retries without the fused bias
+    // result's fields are valid only when its own state is SUCCESS too (cublasLt.h).
+    const cublasStatus_t why = st != CUBLAS_STATUS_SUCCESS ? st : result.state;
+    if (why != CUBLAS_STATUS_SUCCESS || found == 0) {
+      if (with_bias) {  // the caller retries without the fused bias; don't ask again next call
+        gemm_algos_.emplace(key, std::nullopt);
+        return false;
+      }
       throw std::runtime_error(fmt::format(
-          "cuBLASLt found no algorithm for C ({}, {}) = A{} · B{}, k = {}, batch {}, {} -> {}", g.m,
-          g.n, g.trans_a ? "ᵀ" : "", g.trans_b ? "ᵀ" : "", g.k, g.batch, dtype_name(g.ab),
+          "cuBLASLt found no algorithm ({}) for C ({}, {}) = A{} · B{}, k = {}, batch {}, {} -> {}",
+          why != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(why) : "none returned", g.m, g.n,
+          g.trans_a ? "ᵀ" : "", g.trans_b ? "ᵀ" : "", g.k, g.batch, dtype_name(g.ab),
           dtype_name(g.c_type)));
     }
     gemm_algos_.emplace(key, result.algo);
@@ -278,7 +303,7 @@ void CudaOps::linear_forward(Tensor& out, const Tensor& inp, const Tensor& weigh
   const std::int64_t oc = weight.dim(0), ch = weight.dim(1);
   if (inp.dim(-1) != ch)
     fail(op, fmt::format("inp {} vs weight {}", shape_str(inp.shape()), shape_str(weight.shape())));
-  const std::int64_t rows = ch == 0 ? 0 : inp.numel() / ch;  // leading dims flatten to N
+  const std::int64_t rows = leading_rows(inp);
   Shape out_shape = inp.shape();
   out_shape.back() = oc;
   check_shape(op, "out", out, out_shape);
@@ -320,7 +345,7 @@ void CudaOps::linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, cons
     fail(op, fmt::format("inp {} and weight {} do not match", shape_str(inp.shape()),
                          shape_str(weight.shape())));
   const std::int64_t oc = weight.dim(0), ch = weight.dim(1);
-  const std::int64_t rows = ch == 0 ? 0 : inp.numel() / ch;
+  const std::int64_t rows = leading_rows(inp);
   Shape dout_shape = inp.shape();
   dout_shape.back() = oc;
   check_shape(op, "dout", dout, dout_shape);
@@ -336,10 +361,11 @@ void CudaOps::linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, cons
     check_float(op, "dbias", *dbias);
     check_shape(op, "dbias", *dbias, {oc});
   }
-  // dbias first: dinp may alias dout in a caller that reuses buffers.
+  // dinp must alias neither dout nor inp: a GEMM cannot read A or B while writing D (cuBLASLt's
+  // in-place support is C == D only), and the CPU writes dinp before its dweight GEMM reads inp.
   if (dbias)  // dbias (OC) (+)= Σ_rows dout (N, OC)
     launch_col_sum(dbias->data(), dbias->dtype(), dout.data(), dout.dtype(), rows, oc, accumulate,
-                   stream_);
+                   static_cast<float*>(small_scratch()), kSmallScratchBytes, stream_);
   if (dweight) {  // dweight (OC, C) (+)= doutᵀ (OC, N) · inp (N, C)
     const DType ab = gemm_input_dtype(dout, inp, *dweight);
     AsDType g_(dout, ab, *dweight->allocator(), stream_);

@@ -2,7 +2,9 @@
 // rows are short enough (C, T, V up to tens of thousands) that a warp streaming them from L2 is
 // bandwidth-bound already, and warp shuffles need no shared memory. Statistics are fp32.
 // Parameter gradients are column reductions in which one block owns 32 columns and walks all
-// rows in a fixed order: deterministic, no atomics.
+// rows in a fixed order: deterministic, no atomics. The plain column sum (linear's bias gradient)
+// also splits long columns into row chunks, since ceil(C / 32) blocks alone leave most SMs idle.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_common.h"
@@ -23,15 +25,18 @@ __global__ void layernorm_fwd_kernel(TO* out, float* mean, float* rstd, const TI
   const int lane = threadIdx.x % 32;
   MEMTRADE_FOR_WARP_ROWS(r, rows) {
     const TI* x = inp + r * c;
-    float sum = 0.0f;
+    // Statistics in double, as on the CPU: an fp32 mean of rows far from zero (an offset of
+    // 100 at C = 768) puts the normalised output several ulps off.
+    double sum = 0.0;
     for (std::int64_t j = lane; j < c; j += 32) sum += to_f(x[j]);
-    const float m = warp_sum(sum) / static_cast<float>(c);
-    float ss = 0.0f;
+    const double md = warp_sum(sum) / static_cast<double>(c);
+    double ss = 0.0;
     for (std::int64_t j = lane; j < c; j += 32) {
-      const float d = to_f(x[j]) - m;
+      const double d = to_f(x[j]) - md;
       ss += d * d;
     }
-    const float s = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps);
+    const float m = static_cast<float>(md);
+    const float s = static_cast<float>(1.0 / sqrt(warp_sum(ss) / static_cast<double>(c) + eps));
     TO* y = out + r * c;
     for (std::int64_t j = lane; j < c; j += 32)
       y[j] = from_f<TO>((to_f(x[j]) - m) * s * w[j] + b[j]);
@@ -117,6 +122,38 @@ __global__ void col_sum_kernel(AnyOut dst, const TS* src, std::int64_t rows, std
   }
 }
 
+// Pass 1 of the chunked column sum: block (x, y) sums rows [y·rows_per_chunk, ...) of its 32
+// columns into partial[y·cols + col].
+template <typename TS>
+__global__ void col_sum_partial_kernel(float* partial, const TS* src, std::int64_t rows,
+                                       std::int64_t cols, std::int64_t rows_per_chunk) {
+  __shared__ float s[kColRows][33];
+  const std::int64_t col = blockIdx.x * 32 + threadIdx.x;
+  const std::int64_t r0 = blockIdx.y * rows_per_chunk;
+  const std::int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  float acc = 0.0f;
+  if (col < cols)
+    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kColRows) acc += to_f(src[r * cols + col]);
+  s[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float t = 0.0f;
+    for (int y = 0; y < kColRows; ++y) t += s[y][threadIdx.x];
+    partial[blockIdx.y * cols + col] = t;
+  }
+}
+
+// Pass 2: the chunks of each column in order.
+__global__ void col_sum_finish_kernel(AnyOut dst, const float* partial, int chunks,
+                                      std::int64_t cols, bool accumulate) {
+  for (std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; c < cols;
+       c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float t = 0.0f;
+    for (int k = 0; k < chunks; ++k) t += partial[k * cols + c];
+    dst.store(c, (accumulate ? dst.load(c) : 0.0f) + t);
+  }
+}
+
 template <typename TO, typename TI>
 __global__ void softmax_fwd_kernel(TO* out, const TI* inp, std::int64_t rows, std::int64_t c) {
   const int lane = threadIdx.x % 32;
@@ -184,8 +221,11 @@ __global__ void causal_softmax_bwd_kernel(TD* dp, const TP* p, std::int64_t rows
 
 #undef MEMTRADE_FOR_WARP_ROWS
 
+// Product of the leading dimensions (not numel / last: a zero-width last dimension has rows).
 std::int64_t rows_of(const Tensor& t) {
-  return t.ndim() == 0 ? 1 : t.numel() / t.dim(-1);
+  std::int64_t r = 1;
+  for (int i = 0; i + 1 < t.ndim(); ++i) r *= t.dim(i);
+  return r;
 }
 
 void check_stat(std::string_view op, std::string_view name, const Tensor& t, std::int64_t n) {
@@ -202,12 +242,32 @@ unsigned col_blocks(std::int64_t cols) {
 }  // namespace
 
 void launch_col_sum(void* dst, DType dt, const void* src, DType st, std::int64_t rows,
-                    std::int64_t cols, bool accumulate, cudaStream_t s) {
+                    std::int64_t cols, bool accumulate, float* scratch, std::size_t scratch_bytes,
+                    cudaStream_t s) {
   if (cols == 0) return;
+  // Row chunks: about two blocks per SM in all (GPT-2's C = 768 alone gives 24 blocks), at least
+  // 256 rows each, and the fp32 partials (chunks x cols) within the scratch. The chunk count
+  // depends on the shape and the SM count only, so the summation order is fixed for a GPU.
+  const std::int64_t blocks = col_blocks(cols);
+  std::int64_t chunks = (2 * static_cast<std::int64_t>(sm_count()) + blocks - 1) / blocks;
+  chunks = std::min(chunks, rows / 256);
+  chunks = std::min(chunks, static_cast<std::int64_t>(scratch_bytes / sizeof(float)) / cols);
+  chunks = std::min<std::int64_t>(chunks, 65535);  // gridDim.y
   dispatch_float(st, "column sum", [&](auto tag) {
     using TS = decltype(tag);
-    col_sum_kernel<TS><<<col_blocks(cols), dim3(32, kColRows), 0, s>>>(
-        AnyOut{dst, dt}, static_cast<const TS*>(src), rows, cols, accumulate);
+    if (chunks < 2 || scratch == nullptr) {
+      col_sum_kernel<TS><<<col_blocks(cols), dim3(32, kColRows), 0, s>>>(
+          AnyOut{dst, dt}, static_cast<const TS*>(src), rows, cols, accumulate);
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
+    const std::int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+    col_sum_partial_kernel<TS>
+        <<<dim3(col_blocks(cols), static_cast<unsigned>(chunks)), dim3(32, kColRows), 0, s>>>(
+            scratch, static_cast<const TS*>(src), rows, cols, rows_per_chunk);
+    CUDA_CHECK_LAUNCH();
+    col_sum_finish_kernel<<<grid_for(cols), kThreads, 0, s>>>(
+        AnyOut{dst, dt}, scratch, static_cast<int>(chunks), cols, accumulate);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -135,6 +135,121 @@ TEST_P(CudaCnn, BatchnormForwardBackward) {
                std::invalid_argument);
 }
 
+TEST_P(CudaCnn, Conv2dEmptyBatchChannelsAndFilters) {
+  // cuDNN rejects 0-sized dimensions; the results are the CPU's: zeros, the bias, empty tensors.
+  const DType t = GetParam();
+  {  // an empty batch: nothing to compute, dbias = 0 (dweight accumulates nothing)
+    Pair inp = full({0, 3, 8, 8}, t, 0.0f);
+    Pair w = rand({4, 3, 3, 3}, t, 70, -0.5f, 0.5f, Category::params);
+    Pair out = full({0, 4, 8, 8}, t, 0.0f);
+    gpu_ops().conv2d_forward(out.gpu, inp.gpu, w.gpu, nullptr, 1, 1);
+    Pair dout = full({0, 4, 8, 8}, t, 0.0f);
+    Pair dinp = full({0, 3, 8, 8}, t, 0.0f);
+    Pair dw = rand({4, 3, 3, 3}, t, 71, -1.0f, 1.0f, Category::grads);
+    Pair db = rand({4}, t, 72, -1.0f, 1.0f, Category::grads);
+    cpu_ops().conv2d_backward(&dinp.cpu, &dw.cpu, &db.cpu, dout.cpu, inp.cpu, w.cpu, 1, 1, true);
+    gpu_ops().conv2d_backward(&dinp.gpu, &dw.gpu, &db.gpu, dout.gpu, inp.gpu, w.gpu, 1, 1, true);
+    expect_close(dw, Tol{0, 0, 0}, "conv dweight, N = 0, accumulate");
+    cpu_ops().conv2d_backward(nullptr, nullptr, &db.cpu, dout.cpu, inp.cpu, w.cpu, 1, 1, false);
+    gpu_ops().conv2d_backward(nullptr, nullptr, &db.gpu, dout.gpu, inp.gpu, w.gpu, 1, 1, false);
+    expect_close(db, Tol{0, 0, 0}, "conv dbias, N = 0");
+  }
+  {  // no input channel: out is the bias, dinp and dweight are empty
+    Pair inp = full({2, 0, 5, 5}, t, 0.0f);
+    Pair w = full({4, 0, 3, 3}, t, 0.0f, Category::params);
+    Pair bias = rand({4}, t, 73, -1.0f, 1.0f, Category::params);
+    Pair out = full({2, 4, 5, 5}, t, NAN);
+    cpu_ops().conv2d_forward(out.cpu, inp.cpu, w.cpu, &bias.cpu, 1, 1);
+    gpu_ops().conv2d_forward(out.gpu, inp.gpu, w.gpu, &bias.gpu, 1, 1);
+    expect_close(out, Tol{0, 0, 0}, "conv2d_forward, Ci = 0");
+    Pair dout = rand({2, 4, 5, 5}, t, 74);
+    Pair dinp = full({2, 0, 5, 5}, t, 0.0f);
+    Pair dw = full({4, 0, 3, 3}, t, 0.0f, Category::grads);
+    Pair db = full({4}, t, NAN, Category::grads);
+    cpu_ops().conv2d_backward(&dinp.cpu, &dw.cpu, &db.cpu, dout.cpu, inp.cpu, w.cpu, 1, 1, false);
+    gpu_ops().conv2d_backward(&dinp.gpu, &dw.gpu, &db.gpu, dout.gpu, inp.gpu, w.gpu, 1, 1, false);
+    expect_close(db, conv_tol(t, 50), "conv dbias, Ci = 0");
+  }
+  {  // no output channel: out is empty, dinp is zeros
+    Pair inp = rand({2, 3, 5, 5}, t, 75);
+    Pair w = full({0, 3, 3, 3}, t, 0.0f, Category::params);
+    Pair out = full({2, 0, 5, 5}, t, 0.0f);
+    gpu_ops().conv2d_forward(out.gpu, inp.gpu, w.gpu, nullptr, 1, 1);
+    Pair dout = full({2, 0, 5, 5}, t, 0.0f);
+    Pair dinp = full({2, 3, 5, 5}, t, NAN);
+    Pair dw = full({0, 3, 3, 3}, t, 0.0f, Category::grads);
+    cpu_ops().conv2d_backward(&dinp.cpu, &dw.cpu, nullptr, dout.cpu, inp.cpu, w.cpu, 1, 1, false);
+    gpu_ops().conv2d_backward(&dinp.gpu, &dw.gpu, nullptr, dout.gpu, inp.gpu, w.gpu, 1, 1, false);
+    expect_close(dinp, Tol{0, 0, 0}, "conv dinp, Co = 0");
+  }
+}
+
+TEST_P(CudaCnn, BatchnormSplitChannelsMatchAndRepeat) {
+  // Few channels with many values each: every channel is split over several blocks (partials in
+  // the small scratch, summed in a fixed order). Same results as the CPU, and bit-identical from
+  // run to run. hw = 1600 is no multiple of the block size: the per-thread cursor wraps rows.
+  const DType t = GetParam();
+  const std::int64_t n = 16, c = 4, h = 40, w = 40;
+  Pair inp = rand({n, c, h, w}, t, 80, -1.0f, 3.0f);
+  Pair gamma = rand({c}, t, 81, 0.5f, 1.5f, Category::params);
+  Pair beta = rand({c}, DType::F32, 82, -0.5f, 0.5f, Category::params);
+  Pair rm = rand({c}, DType::F32, 83, -0.1f, 0.1f, Category::params);
+  Pair rv = rand({c}, DType::F32, 84, 0.9f, 1.1f, Category::params);
+  Pair out = full({n, c, h, w}, t, 0.0f);
+  Pair mean = full({c}, DType::F32, 0.0f);
+  Pair invstd = full({c}, DType::F32, 0.0f);
+  cpu_ops().batchnorm_forward(out.cpu, mean.cpu, invstd.cpu, inp.cpu, gamma.cpu, beta.cpu, &rm.cpu,
+                              &rv.cpu, 1e-5f, 0.1f);
+  gpu_ops().batchnorm_forward(out.gpu, mean.gpu, invstd.gpu, inp.gpu, gamma.gpu, beta.gpu, &rm.gpu,
+                              &rv.gpu, 1e-5f, 0.1f);
+  expect_close(out, Tol{1e-5f, 0, 2.5f}, "split batchnorm out");
+  expect_close(mean, Tol{1e-7f, 0, 2}, "split batchnorm mean");
+  expect_close(invstd, Tol{0, 0, 2}, "split batchnorm invstd");
+  expect_close(rm, Tol{1e-7f, 0, 2}, "split running_mean");
+  expect_close(rv, Tol{1e-7f, 0, 2}, "split running_var");
+  const std::vector<float> first = gpu_->to_host_f32(out.gpu);
+  gpu_ops().batchnorm_forward(out.gpu, mean.gpu, invstd.gpu, inp.gpu, gamma.gpu, beta.gpu, nullptr,
+                              nullptr, 1e-5f, 0.1f);
+  EXPECT_EQ(gpu_->to_host_f32(out.gpu), first) << "split batchnorm forward is not repeatable";
+
+  Pair dout = rand({n, c, h, w}, t, 85);
+  Pair dinp = full({n, c, h, w}, t, 0.0f);
+  for (DType gt : {t, DType::F32}) {
+    Pair dg = rand({c}, gt, 86, -1.0f, 1.0f, Category::grads);
+    Pair dbt = rand({c}, gt, 87, -1.0f, 1.0f, Category::grads);
+    for (bool acc : {false, true}) {
+      cpu_ops().batchnorm_backward(dinp.cpu, &dg.cpu, &dbt.cpu, dout.cpu, inp.cpu, gamma.cpu,
+                                   mean.cpu, invstd.cpu, acc);
+      gpu_ops().batchnorm_backward(dinp.gpu, &dg.gpu, &dbt.gpu, dout.gpu, inp.gpu, gamma.gpu,
+                                   mean.gpu, invstd.gpu, acc);
+      const std::string tag = gputest::cat(" grads ", dtype_name(gt), acc ? " acc" : "");
+      expect_close(dinp, Tol{2e-5f, 0, 3}, gputest::cat("split batchnorm dinp", tag));
+      expect_close(dg, Tol{1e-5f, 0, 2.5f}, gputest::cat("split batchnorm dgamma", tag));
+      expect_close(dbt, Tol{1e-5f, 0, 2.5f}, gputest::cat("split batchnorm dbeta", tag));
+    }
+  }
+  const std::vector<float> dx = gpu_->to_host_f32(dinp.gpu);
+  gpu_ops().batchnorm_backward(dinp.gpu, nullptr, nullptr, dout.gpu, inp.gpu, gamma.gpu, mean.gpu,
+                               invstd.gpu, false);
+  EXPECT_EQ(gpu_->to_host_f32(dinp.gpu), dx) << "split batchnorm backward is not repeatable";
+}
+
+TEST_P(CudaCnn, ReluPropagatesNaN) {
+  // torch.relu(NaN) is NaN; backward masks with out > 0, so a NaN output passes no gradient.
+  const DType t = GetParam();
+  Pair x = make({7}, t, {NAN, -1.0f, 0.0f, -0.0f, 2.5f, INFINITY, -INFINITY});
+  Pair out = full({7}, t, 7.0f);
+  cpu_ops().relu_forward(out.cpu, x.cpu);
+  gpu_ops().relu_forward(out.gpu, x.gpu);
+  expect_close(out, Tol{0, 0, 0}, "relu_forward with NaN and inf");
+  EXPECT_TRUE(std::isnan(gpu_->to_host_f32(out.gpu)[0])) << "relu(NaN) must stay NaN";
+  Pair dout = full({7}, t, 1.0f);
+  Pair dinp = full({7}, t, 7.0f);
+  cpu_ops().relu_backward(dinp.cpu, dout.cpu, out.cpu);
+  gpu_ops().relu_backward(dinp.gpu, dout.gpu, out.gpu);
+  expect_close(dinp, Tol{0, 0, 0}, "relu_backward with NaN and inf");
+}
+
 TEST_P(CudaCnn, GlobalAvgPool) {
   const DType t = GetParam();
   Pair inp = rand({3, 5, 7, 9}, t, 30);

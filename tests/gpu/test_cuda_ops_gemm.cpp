@@ -137,6 +137,59 @@ TEST_P(CudaGemm, LinearBackwardAccumulates) {
   }
 }
 
+TEST_P(CudaGemm, LinearBackwardLongReductionRoundsOnce) {
+  // dweight's k is B·T: long enough for cuBLASLt's heuristic to pick split-K. A 16-bit dweight
+  // must still be rounded once (fp32 partial sums), so it may differ from the CPU's single
+  // rounding of a slightly different fp32 sum by one ulp, not the several ulps of partial sums
+  // added in 16 bits. The bias gradient runs the chunked column sum over the same rows.
+  const DType t = GetParam();
+  if (t == DType::F32) GTEST_SKIP() << "16-bit outputs only";
+  const std::int64_t n = 16384, c = 768, oc = 768;
+  Pair inp = rand({n, c}, t, 50);
+  Pair w = rand({oc, c}, t, 51, -0.1f, 0.1f, Category::params);
+  Pair dout = rand({n, oc}, t, 52);
+  Pair dw = rand({oc, c}, t, 53, -1.0f, 1.0f, Category::grads);
+  Pair db = rand({oc}, t, 54, -1.0f, 1.0f, Category::grads);
+  for (bool acc : {false, true}) {
+    cpu_ops().linear_backward(nullptr, &dw.cpu, &db.cpu, dout.cpu, inp.cpu, w.cpu, acc);
+    gpu_ops().linear_backward(nullptr, &dw.gpu, &db.gpu, dout.gpu, inp.gpu, w.gpu, acc);
+    Tol tol = gemm_tol(t, n);
+    tol.ulps = 1.0f;  // one rounding step apart at most
+    expect_close(dw, tol, gputest::cat("dweight, k = ", n, acc ? " accumulate" : ""));
+    expect_close(db, tol, gputest::cat("dbias over ", n, " rows", acc ? " accumulate" : ""));
+    dw = make({oc, c}, t, cpu_->to_host_f32(dw.cpu), Category::grads);  // resync both sides
+    db = make({oc}, t, cpu_->to_host_f32(db.cpu), Category::grads);
+  }
+}
+
+TEST_P(CudaGemm, LinearWithZeroInputWidth) {
+  // inp (N, 0): every output row is the bias (or 0), and dbias sums dout over all N rows.
+  const DType t = GetParam();
+  Pair inp = full({3, 5, 0}, t, 0.0f);
+  Pair w = full({6, 0}, t, 0.0f, Category::params);
+  for (DType bias_t : {t, DType::F32}) {  // fused into the GEMM's k = 0 path, or added after
+    Pair bias = rand({6}, bias_t, 40, -1.0f, 1.0f, Category::params);
+    Pair out = full({3, 5, 6}, t, NAN);
+    cpu_ops().linear_forward(out.cpu, inp.cpu, w.cpu, &bias.cpu);
+    gpu_ops().linear_forward(out.gpu, inp.gpu, w.gpu, &bias.gpu);
+    expect_close(out, Tol{0, 0, 0},
+                 gputest::cat("linear_forward C = 0, bias ", dtype_name(bias_t)));
+  }
+  Pair out = full({3, 5, 6}, t, NAN);
+  cpu_ops().linear_forward(out.cpu, inp.cpu, w.cpu, nullptr);
+  gpu_ops().linear_forward(out.gpu, inp.gpu, w.gpu, nullptr);
+  expect_close(out, Tol{0, 0, 0}, "linear_forward C = 0 without bias");
+  Pair dout = rand({3, 5, 6}, t, 41);
+  Pair dinp = full({3, 5, 0}, t, 0.0f);
+  Pair dw = full({6, 0}, t, 0.0f, Category::grads);
+  Pair db = rand({6}, t, 42, -1.0f, 1.0f, Category::grads);
+  for (bool acc : {false, true}) {
+    cpu_ops().linear_backward(&dinp.cpu, &dw.cpu, &db.cpu, dout.cpu, inp.cpu, w.cpu, acc);
+    gpu_ops().linear_backward(&dinp.gpu, &dw.gpu, &db.gpu, dout.gpu, inp.gpu, w.gpu, acc);
+    expect_close(db, gemm_tol(t, 15), gputest::cat("dbias C = 0", acc ? " accumulate" : ""));
+  }
+}
+
 TEST_P(CudaGemm, RejectsMismatchedShapes) {
   const DType t = GetParam();
   Pair a = rand({4, 5}, t, 1);

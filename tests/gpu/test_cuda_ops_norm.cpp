@@ -54,6 +54,42 @@ TEST_P(CudaNorm, LayernormForwardBackward) {
   }
 }
 
+// Rows far from zero: the statistics are summed in double on both backends, so mean and rstd
+// agree to a rounding and the output stays within the usual tolerance (an fp32 mean did not:
+// ~19x the tolerance at an offset of 1000 in a host emulation of the old kernel).
+TEST_P(CudaNorm, LayernormOfOffsetRows) {
+  const DType t = GetParam();
+  for (float offset : {100.0f, 1000.0f}) {
+    const Shape s{16, 768};
+    Pair inp = rand(s, t, 7, offset - 1.0f, offset + 1.0f);
+    Pair w = rand({768}, t, 8, 0.5f, 1.5f, Category::params);
+    Pair b = rand({768}, t, 9, -0.5f, 0.5f, Category::params);
+    Pair out = full(s, t, 0.0f), mean = full({16}, DType::F32, 0.0f),
+         rstd = full({16}, DType::F32, 0.0f);
+    cpu_ops().layernorm_forward(out.cpu, mean.cpu, rstd.cpu, inp.cpu, w.cpu, b.cpu, 1e-5f);
+    gpu_ops().layernorm_forward(out.gpu, mean.gpu, rstd.gpu, inp.gpu, w.gpu, b.gpu, 1e-5f);
+    const std::string tag = gputest::cat(" offset ", offset);
+    expect_close(mean, Tol{0, 0, 1}, gputest::cat("layernorm mean", tag));
+    expect_close(rstd, Tol{0, 0, 1}, gputest::cat("layernorm rstd", tag));
+    expect_close(out, Tol{1e-5f, 0, 2.5f}, gputest::cat("layernorm out", tag));
+  }
+}
+
+// Zero-width rows: no division by the last dimension (a SIGFPE before), like the CPU.
+TEST_P(CudaNorm, ZeroWidthRows) {
+  const DType t = GetParam();
+  Pair x = full({3, 0}, t, 0.0f), w = full({0}, t, 0.0f), b = full({0}, t, 0.0f);
+  Pair out = full({3, 0}, t, 0.0f), mean = full({3}, DType::F32, 0.0f),
+       rstd = full({3}, DType::F32, 0.0f);
+  gpu_ops().layernorm_forward(out.gpu, mean.gpu, rstd.gpu, x.gpu, w.gpu, b.gpu, 1e-5f);
+  Pair dx = full({3, 0}, t, 0.0f), dw = full({0}, t, 0.0f), db = full({0}, t, 0.0f);
+  gpu_ops().layernorm_backward(dx.gpu, &dw.gpu, &db.gpu, out.gpu, x.gpu, w.gpu, mean.gpu, rstd.gpu,
+                               false);
+  gpu_ops().softmax_forward(out.gpu, x.gpu);
+  gpu_ops().softmax_backward(dx.gpu, out.gpu, out.gpu);
+  gpu_->synchronize();
+}
+
 TEST_P(CudaNorm, SoftmaxForwardBackward) {
   const DType t = GetParam();
   for (Shape s : {Shape{64, 10}, Shape{5, 3, 1000}, Shape{2, 50257}}) {

@@ -83,6 +83,50 @@ TEST_F(OpsTest, ConvUsesWorkspaceScratchAndFreesIt) {
   EXPECT_GT(mem().stats().by_category_at_peak[static_cast<int>(Category::workspace)], 0);
 }
 
+TEST_F(OpsTest, ConvWithEmptyChannelsOrBatch) {
+  // What the CUDA backend must match where cuDNN cannot be called (0-sized dimensions).
+  {  // no input channel: every output is the bias; dbias sums dout
+    Tensor tx = zeros({2, 0, 5, 5}), tw = zeros({4, 0, 3, 3}), tb = make({4}, rand_vec(4, 7));
+    Tensor out = garbage({2, 4, 5, 5});
+    ops().conv2d_forward(out, tx, tw, &tb, 1, 1);
+    const std::vector<float> b = get(tb);
+    Vec want;
+    for (int img = 0; img < 2; ++img)
+      for (int o = 0; o < 4; ++o) want.insert(want.end(), 25, b[o]);
+    expect_close(get(out), want, 0, 0, "Ci = 0 forward");
+    auto r = rand_vec(2 * 4 * 25, 8);
+    Tensor dout = make({2, 4, 5, 5}, r), dx = zeros({2, 0, 5, 5}), dw = zeros({4, 0, 3, 3}),
+           db = garbage({4});
+    ops().conv2d_backward(&dx, &dw, &db, dout, tx, tw, 1, 1, false);
+    Vec gb(4, 0.0);
+    for (int img = 0; img < 2; ++img)
+      for (int o = 0; o < 4; ++o)
+        for (int p = 0; p < 25; ++p) gb[o] += r[(img * 4 + o) * 25 + p];
+    expect_close(get(db), gb, 1e-6, 1e-6, "Ci = 0 dbias");
+  }
+  {  // no output channel: dinp is zeros
+    Tensor tx = make({2, 3, 5, 5}, rand_vec(150, 9)), tw = zeros({0, 3, 3, 3});
+    Tensor dout = zeros({2, 0, 5, 5}), dx = garbage({2, 3, 5, 5}), dw = zeros({0, 3, 3, 3});
+    ops().conv2d_backward(&dx, &dw, nullptr, dout, tx, tw, 1, 1, false);
+    expect_close(get(dx), Vec(150, 0.0), 0, 0, "Co = 0 dinp");
+  }
+  {  // an empty batch: dbias is 0, an accumulated dweight is unchanged
+    Tensor tx = zeros({0, 3, 8, 8}), tw = make({4, 3, 3, 3}, rand_vec(108, 10));
+    auto w0 = rand_vec(108, 11);
+    Tensor dout = zeros({0, 4, 8, 8}), dx = zeros({0, 3, 8, 8}), dw = make({4, 3, 3, 3}, w0),
+           db = garbage({4});
+    ops().conv2d_backward(&dx, &dw, &db, dout, tx, tw, 1, 1, true);
+    expect_close(get(dw), to_d(w0), 0, 0, "N = 0 dweight accumulated");
+    ops().conv2d_backward(nullptr, nullptr, &db, dout, tx, tw, 1, 1, false);
+    expect_close(get(db), Vec(4, 0.0), 0, 0, "N = 0 dbias");
+    for (DType t : {DType::F32, DType::BF16}) {  // an assigned dweight is zeros, in any dtype
+      Tensor dw2 = make({4, 3, 3, 3}, w0, t);
+      ops().conv2d_backward(nullptr, &dw2, nullptr, dout, tx, tw, 1, 1, false);
+      expect_close(get(dw2), Vec(108, 0.0), 0, 0, "N = 0 dweight assigned");
+    }
+  }
+}
+
 TEST_F(OpsTest, ConvRejectsBadShapes) {
   Tensor tx = zeros({1, 3, 4, 4}), tw = zeros({2, 2, 3, 3}), out = zeros({1, 2, 2, 2});
   EXPECT_THROW(ops().conv2d_forward(out, tx, tw, nullptr, 1, 0), std::invalid_argument);

@@ -76,6 +76,28 @@ TEST_F(OpsTest, ReluForwardBackwardInPlace) {
   expect_close(get(g), fd_grad(ref_relu, to_d(x), to_d(r)), 1e-7, 1e-6, "relu backward");
 }
 
+TEST_F(OpsTest, ReluPropagatesNaNLikeTorch) {
+  // torch.relu(NaN) is NaN: a NaN activation must reach the loss scaler's check, not become 0.
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x{NAN, -1.0f, 0.0f, -0.0f, 2.5f, inf, -inf};
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    Tensor in = make({7}, x, t), out = garbage({7}, t);
+    ops().relu_forward(out, in);
+    const std::vector<float> y = get(out);
+    EXPECT_TRUE(std::isnan(y[0])) << dtype_name(t);
+    EXPECT_EQ(y[1], 0.0f) << dtype_name(t);
+    EXPECT_EQ(y[2], 0.0f) << dtype_name(t);
+    EXPECT_EQ(y[3], 0.0f) << dtype_name(t);
+    EXPECT_EQ(y[4], 2.5f) << dtype_name(t);
+    EXPECT_EQ(y[5], inf) << dtype_name(t);
+    EXPECT_EQ(y[6], 0.0f) << dtype_name(t);
+    // Backward masks with out > 0, as torch's threshold_backward: a NaN output passes nothing.
+    Tensor g = make({7}, std::vector<float>(7, 1.0f), t), dx = garbage({7}, t);
+    ops().relu_backward(dx, g, out);
+    EXPECT_EQ(get(dx), (std::vector<float>{0, 0, 0, 0, 1, 1, 0})) << dtype_name(t);
+  }
+}
+
 TEST_F(OpsTest, UnscaleAndCheckFindsInfAndNan) {
   auto v = rand_vec(2500, 7);
   for (DType dt : {DType::F32, DType::BF16, DType::F16}) {

@@ -148,6 +148,31 @@ TEST_F(OpsTest, LinearForwardAndBackward) {
   expect_close(get(dw_only), gw, 1e-5, 1e-4, "dweight alone");
 }
 
+TEST_F(OpsTest, LinearWithZeroInputWidth) {
+  // inp (2, 3, 0): six rows of nothing. out is the bias (or 0) in every row and dbias sums dout
+  // over all six rows; dweight (OC, 0) and dinp are empty. (N used to be numel / C = 0 / 0.)
+  const int oc = 4;
+  auto b = rand_vec(oc, 16), r = rand_vec(6 * oc, 17);
+  Tensor tx = zeros({2, 3, 0}), tw = zeros({oc, 0}), tb = make({oc}, b);
+  Tensor out = garbage({2, 3, oc});
+  ops().linear_forward(out, tx, tw, &tb);
+  Vec want;
+  for (int i = 0; i < 6; ++i) want.insert(want.end(), b.begin(), b.end());
+  expect_close(get(out), want, 0, 0, "forward with bias");
+  ops().linear_forward(out, tx, tw, nullptr);
+  expect_close(get(out), Vec(6 * oc, 0.0), 0, 0, "forward without bias");
+
+  Tensor dout = make({2, 3, oc}, r), dx = zeros({2, 3, 0}), dw = zeros({oc, 0}), db = garbage({oc});
+  ops().linear_backward(&dx, &dw, &db, dout, tx, tw, false);
+  Vec gb(oc, 0.0);
+  for (int i = 0; i < 6; ++i)
+    for (int o = 0; o < oc; ++o) gb[o] += r[i * oc + o];
+  expect_close(get(db), gb, 1e-6, 1e-6, "dbias");
+  ops().linear_backward(&dx, &dw, &db, dout, tx, tw, true);
+  for (auto& v : gb) v *= 2;
+  expect_close(get(db), gb, 1e-6, 1e-6, "dbias accumulated");
+}
+
 TEST_F(OpsTest, LinearRejectsBadShapes) {
   Tensor x = zeros({4, 5}), w = zeros({3, 6}), out = zeros({4, 3}), b = zeros({4});
   EXPECT_THROW(ops().linear_forward(out, x, w, nullptr), std::invalid_argument);

@@ -217,5 +217,22 @@ TEST_F(OpsTest, MaxPoolForwardBackward) {
   EXPECT_THROW(ops().maxpool2d_forward(out, am, tx, 3, 1), std::invalid_argument);
 }
 
+// Zero-width rows are rows all the same: no division by the last dimension (it used to be
+// numel / dim(-1), a SIGFPE), empty outputs, one statistic per row; softmax likewise.
+TEST_F(OpsTest, NormsOfZeroWidthRows) {
+  Tensor x = zeros({3, 0}), w = zeros({0}), b = zeros({0}), out = zeros({3, 0});
+  Tensor mean = zeros({3}), rstd = zeros({3});
+  ops().layernorm_forward(out, mean, rstd, x, w, b, 1e-5f);
+  Tensor dx = zeros({3, 0}), dw = zeros({0}), db = zeros({0});
+  ops().layernorm_backward(dx, &dw, &db, out, x, w, mean, rstd, false);
+  Tensor sm = zeros({3, 0});
+  ops().softmax_forward(sm, x);
+  ops().softmax_backward(dx, sm, sm);
+  // Cross-entropy over no classes is bad input, not a crash.
+  Tensor logits = zeros({3, 0}), losses = zeros({3});
+  Tensor targets = ints({3}, {0, 0, 0});
+  EXPECT_THROW(ops().crossentropy_forward(losses, logits, targets), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace memtrade::test
