@@ -45,7 +45,7 @@ class MetaDevice final : public Device {
       : backend_(backend),
         memory_(std::make_unique<MetaProvider>(), capacity),
         pinned_(std::make_unique<HostProvider>()),
-        ops_(make_cpu_dry_run_ops()) {}
+        ops_(make_dry_run_ops(backend)) {}
 
   Backend backend() const override { return backend_; }
   std::string name() const override { return "meta"; }

@@ -41,7 +41,8 @@ constexpr std::string_view dtype_name(DType t) {
   return "?";
 }
 
-// Unit roundoff (half an ulp at 1.0) used in tolerances `tol + |ref|·eps(dtype)`.
+// Machine epsilon, the ulp at 1.0 (twice the unit roundoff: one rounding errs by at most
+// eps/2·|x|), used in tolerances `tol + |ref|·eps(dtype)`.
 constexpr float dtype_eps(DType t) {
   switch (t) {
     case DType::F32:

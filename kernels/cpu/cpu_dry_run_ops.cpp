@@ -6,38 +6,32 @@
 #include <optional>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda_workspace.h"
 
 namespace memtrade {
 namespace {
 
-// The fp32 copy a 16-bit GEMM operand or output gets (cpu_ops_impl.h: F32In / F32Out).
-std::optional<Tensor> f32_copy(const Tensor& t, CachingAllocator& alloc) {
-  if (t.dtype() == DType::F32) return std::nullopt;
-  return Tensor(alloc, t.shape(), DType::F32, Category::workspace);
-}
-std::optional<Tensor> scratch_if(bool need, CachingAllocator& alloc, Shape shape,
-                                 Category c = Category::temporaries) {
-  if (!need) return std::nullopt;
-  return Tensor(alloc, std::move(shape), DType::F32, c);
-}
-
 class DryRunOps final : public Ops {
  public:
-  std::string name() const override { return "cpu (dry run)"; }
+  explicit DryRunOps(Backend target) : cuda_(target == Backend::cuda) {}
+  std::string name() const override { return cuda_ ? "cuda (dry run)" : "cpu (dry run)"; }
 
   void matmul(Tensor& c, const Tensor& a, const Tensor& b, bool, bool, float, float) override {
+    lt_workspace(*c.allocator());
     auto a32 = f32_copy(a, *c.allocator());
     auto b32 = f32_copy(b, *c.allocator());
     auto c32 = f32_copy(c, *c.allocator());
   }
   void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
                       const Tensor*) override {
+    lt_workspace(*out.allocator());
     auto x = f32_copy(inp, *out.allocator());
     auto w = f32_copy(weight, *out.allocator());
     auto y = f32_copy(out, *out.allocator());
   }
   void linear_backward(Tensor* dinp, Tensor* dweight, Tensor*, const Tensor& dout,
                        const Tensor& inp, const Tensor& weight, bool) override {
+    if (dinp || dweight) lt_workspace(*(dinp ? dinp : dweight)->allocator());
     if (dinp) {
       auto g = f32_copy(dout, *dinp->allocator());
       auto w = f32_copy(weight, *dinp->allocator());
@@ -76,11 +70,14 @@ class DryRunOps final : public Ops {
                           int n_head) override {
     const std::int64_t t = qkv.dim(1), hd = qkv.dim(2) / 3 / n_head;
     CachingAllocator& alloc = *dqkv.allocator();
-    Tensor dp(alloc, {t, t}, DType::F32, Category::temporaries);
-    auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, t, hd});
-    auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {t, t});
-    auto dout_buf = scratch_if(dout.dtype() != DType::F32, alloc, {t, hd});
-    auto dqkv_buf = scratch_if(dqkv.dtype() != DType::F32, alloc, {3, t, hd});
+    lt_workspace(alloc);
+    Tensor dp(alloc, {n_head, t, t}, qkv.dtype(), Category::temporaries);
+    const Category ws = Category::workspace;
+    auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, t, hd}, ws);
+    auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {t, t}, ws);
+    auto dout_buf = scratch_if(dout.dtype() != DType::F32, alloc, {t, hd}, ws);
+    auto dqkv_buf = scratch_if(dqkv.dtype() != DType::F32, alloc, {3, t, hd}, ws);
+    auto ds_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {t, t}, ws);
   }
 
   void embedding_forward(Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
@@ -90,7 +87,10 @@ class DryRunOps final : public Ops {
   }
   void crossentropy_forward(Tensor&, const Tensor&, const Tensor&) override {}
   void crossentropy_backward(Tensor&, const Tensor&, const Tensor&, float) override {}
-  double sum_to_host(const Tensor&) override { return 0.0; }
+  double sum_to_host(const Tensor& t) override {
+    lt_workspace(*t.allocator());
+    return 0.0;
+  }
 
   void conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor*,
                       int stride, int pad) override {
@@ -98,7 +98,7 @@ class DryRunOps final : public Ops {
     CachingAllocator& alloc = *out.allocator();
     auto w = f32_copy(weight, alloc);
     auto out_buf = scratch_if(out.dtype() != DType::F32, alloc, {d.co, d.p}, Category::workspace);
-    Tensor col(alloc, {d.k, d.p}, DType::F32, Category::workspace);
+    auto col = scratch_if(true, alloc, {d.k, d.p}, Category::workspace);
   }
   void conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor*, const Tensor& dout,
                        const Tensor& inp, const Tensor& weight, int stride, int pad,
@@ -112,21 +112,54 @@ class DryRunOps final : public Ops {
     auto dout_buf = scratch_if(dout.dtype() != DType::F32, alloc, {d.co, d.p}, Category::workspace);
     auto dinp_buf = scratch_if(dinp && dinp->dtype() != DType::F32, alloc,
                                {inp.dim(1), inp.dim(2), inp.dim(3)}, Category::workspace);
-    Tensor col(alloc, {d.k, d.p}, DType::F32, Category::workspace);
+    auto col = scratch_if(true, alloc, {d.k, d.p}, Category::workspace);
   }
-  void batchnorm_forward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         Tensor*, Tensor*, float, float) override {}
-  void batchnorm_backward(Tensor&, Tensor*, Tensor*, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&, const Tensor&, bool) override {}
+  // CUDA's batch-norm keeps its per-block partial sums in the small scratch (when it splits
+  // channels across blocks, which the tiny and small CNNs do).
+  void batchnorm_forward(Tensor& out, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         Tensor*, Tensor*, float, float) override {
+    lt_workspace(*out.allocator());
+  }
+  void batchnorm_backward(Tensor& dinp, Tensor*, Tensor*, const Tensor&, const Tensor&,
+                          const Tensor&, const Tensor&, const Tensor&, bool) override {
+    lt_workspace(*dinp.allocator());
+  }
   void global_avgpool_forward(Tensor&, const Tensor&) override {}
   void global_avgpool_backward(Tensor&, const Tensor&) override {}
   void maxpool2d_forward(Tensor&, Tensor&, const Tensor&, int, int) override {}
   void maxpool2d_backward(Tensor&, const Tensor&, const Tensor&) override {}
 
-  bool unscale_and_check(std::span<Tensor* const>, float) override { return false; }
+  bool unscale_and_check(std::span<Tensor* const> grads, float) override {
+    for (Tensor* g : grads)
+      if (g && g->allocator()) lt_workspace(*g->allocator());
+    return false;
+  }
   void optimizer_update(const OptimizerHyper&, Tensor&, const Tensor&, Tensor*, Tensor*) override {}
 
  private:
+  // The fp32 copy a 16-bit GEMM operand or output gets on the CPU (cpu_ops_impl.h: F32In /
+  // F32Out); none for CUDA, whose libraries take 16-bit operands.
+  std::optional<Tensor> f32_copy(const Tensor& t, CachingAllocator& alloc) const {
+    if (cuda_ || t.dtype() == DType::F32) return std::nullopt;
+    return Tensor(alloc, t.shape(), DType::F32, Category::workspace);
+  }
+  // fp32 scratch; the CPU's workspace kinds only on the CPU.
+  std::optional<Tensor> scratch_if(bool need, CachingAllocator& alloc, Shape shape,
+                                   Category c = Category::temporaries) const {
+    if (!need || (cuda_ && c == Category::workspace)) return std::nullopt;
+    return Tensor(alloc, std::move(shape), DType::F32, c);
+  }
+  // CUDA: the persistent cuBLASLt workspace + small scratch, from the first GEMM or reduction.
+  void lt_workspace(CachingAllocator& alloc) {
+    if (!cuda_ || workspace_.defined()) return;
+    workspace_ = Tensor(
+        alloc, {static_cast<std::int64_t>((kCudaLtWorkspaceBytes + kCudaSmallScratchBytes) / 4)},
+        DType::I32, Category::workspace);
+  }
+
+  bool cuda_;
+  Tensor workspace_;
+
   struct Conv {
     std::int64_t co, k, p;
   };
@@ -135,19 +168,21 @@ class DryRunOps final : public Ops {
     const std::int64_t ow = (inp.dim(3) + 2 * pad - weight.dim(3)) / stride + 1;
     return {weight.dim(0), weight.dim(1) * weight.dim(2) * weight.dim(3), oh * ow};
   }
-  static void attention(Tensor* out, Tensor& att, const Tensor& qkv, int n_head) {
+  void attention(Tensor* out, Tensor& att, const Tensor& qkv, int n_head) {
     const std::int64_t t = qkv.dim(1), hd = qkv.dim(2) / 3 / n_head;
     CachingAllocator& alloc = *(out ? out : &att)->allocator();
-    auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, t, hd});
-    auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {t, t});
-    auto out_buf = scratch_if(out && out->dtype() != DType::F32, alloc, {t, hd});
+    lt_workspace(alloc);
+    const Category ws = Category::workspace;
+    auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, t, hd}, ws);
+    auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {t, t}, ws);
+    auto out_buf = scratch_if(out && out->dtype() != DType::F32, alloc, {t, hd}, ws);
   }
 };
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cpu_dry_run_ops() {
-  return std::make_unique<DryRunOps>();
+std::unique_ptr<Ops> make_dry_run_ops(Backend target) {
+  return std::make_unique<DryRunOps>(target);
 }
 
 }  // namespace memtrade

@@ -1,13 +1,20 @@
 // Causal self-attention on packed qkv, one (batch, head) slice at a time.
 //
 // Each slice is three strided GEMMs straight on the packed tensors (lda = 3C) when they are
-// F32; 16-bit operands of a slice are converted into fp32 scratch sized for one slice only.
+// F32; 16-bit operands of a slice are converted into fp32 scratch sized for one slice only
+// (Category::workspace: OpenBLAS has no 16-bit GEMM, like the casts cuBLASLt needs on CUDA).
 // Slices run in sequence and OpenBLAS threads each GEMM, which keeps scratch at one slice
 // (independent of the thread count, hence the same allocation sequence on every machine) and
 // never calls BLAS from inside an OpenMP region. The row loops between the GEMMs are serial on
 // purpose: an OpenMP region between two threaded OpenBLAS (pthreads) calls leaves the two
 // thread pools spinning against each other with libgomp's default wait policy; measured on
 // 2 cores, B=4 T=256 forward+backward took 4.8 s with parallel rows and 0.18 s without.
+//
+// The scratch contract shared with the CUDA backend (kernels/cuda/cuda_ops_attention.cpp):
+// forward and probs allocate no temporaries; backward allocates dP (NH, T, T) in qkv's dtype
+// (Category::temporaries) once and reuses it for every sequence. Like CUDA, the GEMMs' results
+// are rounded to qkv's dtype where CUDA's GEMMs write them in it (the scaled scores and dP),
+// and dS is stored in dP, so both backends round at the same places.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -52,7 +59,14 @@ QkvSlice qkv_slice(const Tensor& qkv, const Dims& d, std::int64_t b, std::int64_
 
 std::optional<Tensor> scratch_if(bool need, CachingAllocator& alloc, Shape shape) {
   if (!need) return std::nullopt;
-  return Tensor(alloc, std::move(shape), DType::F32, Category::temporaries);
+  return Tensor(alloc, std::move(shape), DType::F32, Category::workspace);
+}
+
+// Rounds n fp32 values to dtype t in place (no-op for F32), as a GEMM writing t would.
+void round_to(DType t, float* p, std::int64_t n) {
+  if (t == DType::F32) return;
+  for (std::int64_t i = 0; i < n; ++i)
+    p[i] = t == DType::BF16 ? bf16_to_float(float_to_bf16(p[i])) : f16_to_float(float_to_f16(p[i]));
 }
 
 // att (B, NH, T, T) = causal softmax(scale · q·kᵀ), and optionally out (B, T, C) = att · v.
@@ -76,6 +90,7 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, std
       const std::int64_t att_off = (b * d.nh + h) * tt * tt;
       float* p = att_buf ? att_buf->as<float>() : att.as<float>() + att_off;
       sgemm(false, true, tt, tt, d.hd, scale, s.q, s.ld, s.k, s.ld, 0.0f, p, tt);
+      round_to(qkv.dtype(), p, tt * tt);
       for (std::int64_t t = 0; t < tt; ++t) {
         float* row = p + t * tt;
         float mx = -INFINITY;
@@ -89,6 +104,7 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, std
         for (std::int64_t j = 0; j <= t; ++j) row[j] *= inv;
         std::fill(row + t + 1, row + tt, 0.0f);  // causal mask: future positions get 0
       }
+      round_to(qkv.dtype(), p, tt * tt);  // CUDA's softmax writes the probabilities in it
       if (att_buf) write_f32(att, att_off, tt * tt, p);
       if (!out) continue;
       const std::int64_t out_off = b * tt * d.c + h * d.hd;
@@ -124,12 +140,15 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
   check_shape(op, "att", att, {d.b, d.nh, d.t, d.t});
   CachingAllocator& alloc = *dqkv.allocator();
   const std::int64_t tt = d.t, hd = d.hd;
-  // Scratch for one slice: dP (T, T) always; fp32 copies of 16-bit operands.
-  Tensor dp(alloc, {tt, tt}, DType::F32, Category::temporaries);
-  auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, tt, hd});
+  const DType dt = qkv.dtype();
+  // dP / dS of one sequence's heads (NH, T, T) in qkv's dtype, as on CUDA; fp32 copies of
+  // 16-bit operands of one slice (workspace), including the fp32 dS of a 16-bit dP.
+  Tensor dp(alloc, {d.nh, tt, tt}, dt, Category::temporaries);
+  auto qkv_buf = scratch_if(dt != DType::F32, alloc, {3, tt, hd});
   auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {tt, tt});
   auto dout_buf = scratch_if(dout.dtype() != DType::F32, alloc, {tt, hd});
   auto dqkv_buf = scratch_if(dqkv.dtype() != DType::F32, alloc, {3, tt, hd});
+  auto ds_buf = scratch_if(dt != DType::F32, alloc, {tt, tt});
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (std::int64_t b = 0; b < d.b; ++b) {
     for (std::int64_t h = 0; h < d.nh; ++h) {
@@ -148,9 +167,11 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
       float* dk = dqkv_buf ? dq + tt * hd : dq + d.c;
       float* dv = dqkv_buf ? dq + 2 * tt * hd : dq + 2 * d.c;
       const std::int64_t ldd = dqkv_buf ? hd : 3 * d.c;
-      float* ds = dp.as<float>();
+      const std::int64_t dp_off = h * tt * tt;
+      float* ds = ds_buf ? ds_buf->as<float>() : dp.as<float>() + dp_off;
       sgemm(true, false, tt, hd, tt, 1.0f, p, tt, g, ldg, 0.0f, dv, ldd);     // dV = Pᵀ·dO
       sgemm(false, true, tt, tt, hd, 1.0f, g, ldg, s.v, s.ld, 0.0f, ds, tt);  // dP = dO·Vᵀ
+      round_to(dt, ds, tt * tt);
       // Softmax backward per row: dS = P ⊙ (dP − Σ_j P·dP); masked entries have P = 0.
       for (std::int64_t t = 0; t < tt; ++t) {
         const float* pr = p + t * tt;
@@ -159,6 +180,10 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
         for (std::int64_t j = 0; j <= t; ++j) dot += pr[j] * dr[j];
         for (std::int64_t j = 0; j <= t; ++j) dr[j] = pr[j] * (dr[j] - dot);
         std::fill(dr + t + 1, dr + tt, 0.0f);
+      }
+      if (ds_buf) {  // dS lives in dP (qkv's dtype) between the two kernels on CUDA
+        write_f32(dp, dp_off, tt * tt, ds);
+        read_f32(dp, dp_off, tt * tt, ds);
       }
       sgemm(false, false, tt, hd, tt, scale, ds, tt, s.k, s.ld, 0.0f, dq, ldd);  // dQ = s·dS·K
       sgemm(true, false, tt, hd, tt, scale, ds, tt, s.q, s.ld, 0.0f, dk, ldd);   // dK = s·dSᵀ·Q

@@ -8,19 +8,21 @@
 // synchronise. Every op opens an NVTX range with its own name.
 //
 // Scratch memory. Everything a CPU op allocates as Category::temporaries is allocated here too,
-// with the same sizes and order (for fp32 operands), so both backends make the same allocation
+// with the same sizes and order in every dtype, so both backends make the same allocation
 // sequence apart from Category::workspace; tests/gpu/test_cuda_alloc_sequence.cpp checks it.
 //   - cuBLASLt workspace: one 32 MiB block (Category::workspace) taken from the device allocator
 //     on the first GEMM (or reduction) and kept for the CudaOps' lifetime, with a 64 KiB tail for
-//     reduction partials and the inf/nan flag, so that sum_to_host and unscale_and_check make no
-//     allocation of their own, as on the CPU;
+//     reduction partials (sum_to_host, linear_backward's bias gradient, batch-norm over split
+//     channels) and the inf/nan flag, so that these make no allocation of their own, as on the
+//     CPU. Its users share it only through the one compute stream: none keeps data in it past the
+//     end of its call;
 //   - dtype casts that a library call needs because its operands differ in dtype (cuBLASLt wants
 //     A and B alike; cuDNN wants x, w, y alike), and fp32 accumulators for 16-bit maxpool
 //     gradients: Category::workspace, freed before returning;
 //   - cuDNN convolution workspace and the embedding-gradient sort buffers: Category::workspace;
-//   - the exceptions: attention_backward's dP is (B, NH, T, T) in qkv's dtype
-//     (Category::temporaries) where the CPU walks (b, h) slices with one (T, T) fp32 slice; and
-//     16-bit GEMM operands need no fp32 copies here (the CPU makes them as temporaries).
+//   - shared with the CPU: attention_backward's dP (NH, T, T) in qkv's dtype and the
+//     embedding-gradient order (Category::temporaries). The CPU's fp32 copies of 16-bit GEMM
+//     operands are its workspace, as the casts here are ours.
 #pragma once
 
 #include <cublasLt.h>
@@ -29,17 +31,20 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "kernels/cuda/cuda_raii.h"
+#include "kernels/cuda_workspace.h"
 #include "kernels/ops.h"
 
 namespace memtrade::cuda {
 
-inline constexpr std::size_t kLtWorkspaceBytes = 32 * MiB;
-inline constexpr std::size_t kSmallScratchBytes = 64 * KiB;  // after the cuBLASLt workspace
+// Sizes shared with the memory model (kernels/cuda_workspace.h).
+inline constexpr std::size_t kLtWorkspaceBytes = kCudaLtWorkspaceBytes;
+inline constexpr std::size_t kSmallScratchBytes = kCudaSmallScratchBytes;  // after cuBLASLt's
 
 // ---- validation (messages like the CPU backend's) ---------------------------------------------
 [[noreturn]] void fail(std::string_view op, const std::string& message);
@@ -74,8 +79,17 @@ class AsDTypeOut {
   cudaStream_t stream_;
 };
 
-// ---- kernel launchers for host-only files (defined in .cu files)
-// --------------------------------- dst = src converted element-wise (n elements).
+// Streaming multiprocessors of the current device: sizes grids of reductions that would
+// otherwise leave SMs idle (cudaDeviceGetAttribute is a host-side lookup, cheap per call).
+inline int sm_count() {
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+// ---- kernel launchers for host-only files (defined in .cu files) --------------------------------
+// dst = src converted element-wise (n elements).
 void launch_cast(void* dst, DType dt, const void* src, DType st, std::int64_t n, cudaStream_t s);
 // p *= s element-wise (n elements).
 void launch_scale(void* p, DType t, std::int64_t n, float s, cudaStream_t stream);
@@ -85,9 +99,12 @@ void launch_store_grad(void* dst, DType dt, const void* src, DType st, std::int6
 // out (rows, cols) += bias (cols), broadcast over rows.
 void launch_add_row_bias(void* out, DType ot, const void* bias, DType bt, std::int64_t rows,
                          std::int64_t cols, cudaStream_t s);
-// dst (cols) (+)= Σ_rows src (rows, cols), fp32 accumulation, deterministic.
+// dst (cols) (+)= Σ_rows src (rows, cols), fp32 accumulation, deterministic (a fixed order for a
+// given shape and GPU). Long columns are split into row chunks whose fp32 partials go to
+// `scratch` (scratch_bytes of it; the small scratch), then summed in order.
 void launch_col_sum(void* dst, DType dt, const void* src, DType st, std::int64_t rows,
-                    std::int64_t cols, bool accumulate, cudaStream_t s);
+                    std::int64_t cols, bool accumulate, float* scratch, std::size_t scratch_bytes,
+                    cudaStream_t s);
 // NCHW: out (N, C, HW) += bias (C).
 void launch_channel_bias_add(void* out, DType ot, const void* bias, DType bt, std::int64_t n,
                              std::int64_t c, std::int64_t hw, cudaStream_t s);
@@ -201,10 +218,14 @@ class CudaOps final : public Ops {
   bool unscale_and_check(std::span<Tensor* const> grads, float inv_scale) override;
   void optimizer_update(const OptimizerHyper& h, Tensor& param, const Tensor& grad, Tensor* state0,
                         Tensor* state1) override;
+  void optimizer_update_many(const OptimizerHyper& h,
+                             std::span<const OptimizerSlot> slots) override;
 
  private:
   // One cuBLASLt matmul on the compute stream (cuda_ops_gemm.cpp).
   void gemm(const GemmDesc& g);
+  static void check_optimizer_args(const OptimizerHyper& h, const Tensor& param, const Tensor& grad,
+                                   const Tensor* state0, const Tensor* state1);
   // The persistent workspace: cuBLASLt's part and the small scratch after it.
   void* lt_workspace();
   void* small_scratch();
@@ -213,11 +234,12 @@ class CudaOps final : public Ops {
 
   using ConvKey = std::array<std::int64_t, 12>;
   struct ConvDescs;  // cuDNN descriptors of one convolution (cuda_ops_conv.cpp)
-  // Candidates of direction `dir` (0 forward, 1 data gradient, 2 filter gradient), best first.
-  const std::vector<ConvChoice>& conv_candidates(const ConvDescs& d, int dir);
-  // Runs direction `dir` with the first candidate whose workspace the allocator can give
-  // (falling back to the smallest workspace on OutOfMemory). Operand order follows cuDNN:
-  // forward (x, w) -> y; data gradient (w, dy) -> dx; filter gradient (x, dy) -> dw.
+  // Candidates of direction `dir` (0 forward, 1 data gradient, 2 filter gradient), best first;
+  // conv_run reorders and prunes the cached list.
+  std::vector<ConvChoice>& conv_candidates(const ConvDescs& d, int dir);
+  // Runs direction `dir` with the first candidate that cuDNN accepts and whose workspace the
+  // allocator can give, and moves that one to the front for later calls. Operand order follows
+  // cuDNN: forward (x, w) -> y; data gradient (w, dy) -> dx; filter gradient (x, dy) -> dw.
   void conv_run(const ConvDescs& d, int dir, const void* in0, const void* in1, void* out,
                 float beta, CachingAllocator& alloc);
   using GemmKey = std::array<std::int64_t, 24>;
@@ -228,7 +250,8 @@ class CudaOps final : public Ops {
   CudnnHandle cudnn_;
   Tensor workspace_;  // kLtWorkspaceBytes + kSmallScratchBytes, Category::workspace
   bool tf32_ = false;
-  std::map<GemmKey, cublasLtMatmulAlgo_t> gemm_algos_;
+  // nullopt: the heuristic has no algorithm for this key (only fused-bias keys, which fall back).
+  std::map<GemmKey, std::optional<cublasLtMatmulAlgo_t>> gemm_algos_;
   std::map<ConvKey, std::vector<ConvChoice>> conv_algos_;
 };
 

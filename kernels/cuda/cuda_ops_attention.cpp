@@ -5,10 +5,12 @@
 // sequences are a host loop because the (b, h) offsets are not one stride.
 //
 // GEMMs run in qkv's dtype; att, out, dout and dqkv of another dtype go through cast scratch
-// (Category::workspace). Scratch differs from the CPU backend's: attention_backward's dP here is
-// (B, NH, T, T) in qkv's dtype (Category::temporaries), where the CPU walks the (b, h) slices
-// one at a time with a (T, T) fp32 slice. 16-bit attention also rounds the scaled scores to
-// 16 bits before the softmax (the CPU keeps them fp32), so its probabilities differ by ~1 ulp.
+// (Category::workspace). The scratch contract shared with the CPU backend
+// (kernels/cpu/cpu_ops_attention.cpp): forward and probs allocate no temporaries; backward
+// allocates dP (NH, T, T) in qkv's dtype (Category::temporaries) once and reuses it for every
+// sequence, so both backends make the same allocation sequence outside the workspace. The
+// scaled scores, the probabilities, dP and dS are rounded to qkv's dtype here, and the CPU
+// rounds them at the same places.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -133,15 +135,15 @@ void CudaOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor&
   AsDType att_(att, dt, alloc, stream_);
   AsDType dout_(dout, dt, alloc, stream_);
   AsDTypeOut dqkv_(dqkv, dt, false, stream_);
-  Tensor dp(alloc, {d.b, d.nh, tt, tt}, dt, Category::temporaries);  // (B, NH, T, T)
+  Tensor dp(alloc, {d.nh, tt, tt}, dt, Category::temporaries);  // one sequence's heads
   for (std::int64_t b = 0; b < d.b; ++b) {
     const std::int64_t seq = b * tt * c3;          // qkv / dqkv offset of sequence b
-    const std::int64_t slab = b * d.nh * tt * tt;  // att / dp offset of sequence b
-    {  // dP[b, h] (T, T) = dout[b, :, h] (T, hd) · v[b, :, h]ᵀ
+    const std::int64_t slab = b * d.nh * tt * tt;  // att offset of sequence b
+    {  // dP[h] (T, T) = dout[b, :, h] (T, hd) · v[b, :, h]ᵀ
       GemmDesc g = head_gemm(dt, d, tt, tt, d.hd);
       g.a = at(dout_.data(), dt, b * tt * d.c);
       g.b = at(qkv.data(), dt, seq + 2 * d.c);
-      g.c = at(dp.data(), dt, slab);
+      g.c = dp.data();
       g.trans_b = true;
       g.lda = d.c;
       g.ldb = c3;
@@ -165,15 +167,12 @@ void CudaOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor&
       g.stride_c = d.hd;
       gemm(g);
     }
-  }
-  // dS = P ⊙ (dP − Σ_j P·dP), in place; the 1/√hd of the scores goes into the GEMMs' alpha.
-  launch_causal_softmax_backward(dp.data(), dt, att_.data(), dt, d.b * d.nh * tt, tt, stream_);
-  for (std::int64_t b = 0; b < d.b; ++b) {
-    const std::int64_t seq = b * tt * c3;
-    const std::int64_t slab = b * d.nh * tt * tt;
-    {  // dq[b, :, h] (T, hd) = scale · dS[b, h] (T, T) · k[b, :, h] (T, hd)
+    // dS = P ⊙ (dP − Σ_j P·dP), in place; the 1/√hd of the scores goes into the GEMMs' alpha.
+    launch_causal_softmax_backward(dp.data(), dt, at(att_.data(), dt, slab), dt, d.nh * tt, tt,
+                                   stream_);
+    {  // dq[b, :, h] (T, hd) = scale · dS[h] (T, T) · k[b, :, h] (T, hd)
       GemmDesc g = head_gemm(dt, d, tt, d.hd, tt);
-      g.a = at(dp.data(), dt, slab);
+      g.a = dp.data();
       g.b = at(qkv.data(), dt, seq + d.c);
       g.c = at(dqkv_.data(), dt, seq);
       g.lda = tt;
@@ -185,9 +184,9 @@ void CudaOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor&
       g.alpha = scale;
       gemm(g);
     }
-    {  // dk[b, :, h] (T, hd) = scale · dS[b, h]ᵀ (T, T) · q[b, :, h] (T, hd)
+    {  // dk[b, :, h] (T, hd) = scale · dS[h]ᵀ (T, T) · q[b, :, h] (T, hd)
       GemmDesc g = head_gemm(dt, d, tt, d.hd, tt);
-      g.a = at(dp.data(), dt, slab);
+      g.a = dp.data();
       g.b = at(qkv.data(), dt, seq);
       g.c = at(dqkv_.data(), dt, seq + d.c);
       g.trans_a = true;

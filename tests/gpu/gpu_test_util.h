@@ -68,7 +68,8 @@ std::string cat(const A&... a) {
 }
 
 // Tolerance of one comparison: |got − ref| <= abs + rel_of_max·max|ref| + ulps·eps(dtype)·|ref|.
-// eps is half an ulp (dtype_eps), so ulps = 2 allows one rounding step of the output.
+// eps is an ulp at 1.0 (dtype_eps, twice the unit roundoff), so ulps = 2 allows the output's
+// rounding (eps/2) plus 1.5 ulps of accumulation-order difference.
 struct Tol {
   float abs = 0.0f;
   float rel_of_max = 0.0f;

@@ -1,0 +1,16 @@
+// The CUDA backend's persistent workspace, declared without CUDA headers so that the memory
+// model (harness/estimate.cpp with --backend cuda) counts it on machines without CUDA too.
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/allocator.h"
+
+namespace memtrade {
+
+// One block (Category::workspace), taken on the first GEMM or device reduction and kept for the
+// ops' lifetime: cuBLASLt's workspace, then the small scratch of reductions and the inf/nan flag.
+inline constexpr std::size_t kCudaLtWorkspaceBytes = 32 * MiB;
+inline constexpr std::size_t kCudaSmallScratchBytes = 64 * KiB;
+
+}  // namespace memtrade
