@@ -37,6 +37,17 @@ struct OptimizerHyper {
   float lr_decay = 0.0f;                            // adagrad
   float initial_accumulator_value = 0.0f;           // adagrad
   std::int64_t step = 1;                            // 1-based step count (bias correction)
+  // Gradients are multiplied by it in fp32 as they are read: the loss scaler's 1/scale, so the
+  // unscale is fused into the update (no unscaled copy; 16-bit grads cannot underflow).
+  float grad_scale = 1.0f;
+};
+
+// One parameter's tensors for Ops::optimizer_update_many; states nullptr where the kind has none.
+struct OptimizerSlot {
+  Tensor* param;
+  const Tensor* grad;
+  Tensor* state0;
+  Tensor* state1;
 };
 
 // Number of fp32-sized state tensors per parameter: 0, 1, 2, 2, 1, 1.
@@ -88,11 +99,15 @@ class Ops {
 
   // ---- attention -----------------------------------------------------------------------------
   // Causal self-attention on packed qkv (B, T, 3C) with C = n_head · head_dim, scale 1/√head_dim.
-  // out (B, T, C); att (B, NH, T, T) receives the softmax probabilities (saved for backward).
+  // The one exception to rounding results only: with 16-bit qkv the scaled scores, the
+  // probabilities, dP and dS are rounded to qkv's dtype between the GEMMs, as GEMMs in that dtype
+  // write them. out (B, T, C); att (B, NH, T, T) receives the softmax probabilities (saved for
+  // backward).
   virtual void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) = 0;
   // Only the probabilities, for recompute in backward (selective checkpointing).
   virtual void attention_probs(Tensor& att, const Tensor& qkv, int n_head) = 0;
-  // dqkv (B, T, 3C) overwritten, from dout (B, T, C), qkv and the saved att.
+  // dqkv (B, T, 3C) overwritten, from dout (B, T, C), qkv and the saved att. Scratch on every
+  // backend: dP (NH, T, T) in qkv's dtype (Category::temporaries), reused across sequences.
   virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                   const Tensor& att, int n_head) = 0;
 
@@ -139,6 +154,7 @@ class Ops {
 
   // ---- mixed precision and optimizers --------------------------------------------------------
   // g *= inv_scale for every tensor; returns true if any element was inf or nan (synchronises).
+  // inv_scale = 1 only checks: nothing is written.
   virtual bool unscale_and_check(std::span<Tensor* const> grads, float inv_scale) = 0;
   // One optimizer step on one parameter with PyTorch's formulas. param: F32 master or 16-bit
   // (pure precision); grad: same numel, any float dtype; state0/state1: the optimizer's state
@@ -146,6 +162,12 @@ class Ops {
   // At h.step == 1 momentum SGD initialises its buffer with the gradient, as torch does.
   virtual void optimizer_update(const OptimizerHyper& h, Tensor& param, const Tensor& grad,
                                 Tensor* state0, Tensor* state1) = 0;
+  // optimizer_update for many parameters with the same hyper-parameters and step: one fused
+  // launch per dtype combination on CUDA (multi-tensor apply), a loop here by default.
+  virtual void optimizer_update_many(const OptimizerHyper& h,
+                                     std::span<const OptimizerSlot> slots) {
+    for (const OptimizerSlot& s : slots) optimizer_update(h, *s.param, *s.grad, s.state0, s.state1);
+  }
 };
 
 }  // namespace memtrade

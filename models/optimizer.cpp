@@ -63,7 +63,7 @@ Optimizer::Optimizer(const OptimizerHyper& hyper, int num_params)
       state0_(static_cast<std::size_t>(num_params)),
       state1_(static_cast<std::size_t>(num_params)) {}
 
-void Optimizer::update(Ops& ops, int index, Tensor& param, const Tensor& grad) {
+OptimizerSlot Optimizer::prepare(Ops& ops, int index, Tensor& param, const Tensor& grad) {
   if (index < 0 || static_cast<std::size_t>(index) >= state0_.size())
     throw std::out_of_range(fmt::format("optimizer: parameter index {} out of range", index));
   if (param.numel() != grad.numel())
@@ -77,10 +77,27 @@ void Optimizer::update(Ops& ops, int index, Tensor& param, const Tensor& grad) {
     const bool adagrad_sum = hyper_.kind == OptimizerKind::adagrad;
     ops.fill(*states[s], adagrad_sum ? hyper_.initial_accumulator_value : 0.0f);
   }
+  return OptimizerSlot{&param, &grad, count > 0 ? states[0] : nullptr,
+                       count > 1 ? states[1] : nullptr};
+}
+
+OptimizerHyper Optimizer::step_hyper(float grad_scale) const {
   OptimizerHyper h = hyper_;
   h.step = steps_ + 1;  // 1-based, for Adam's bias correction and momentum's first step
-  ops.optimizer_update(h, param, grad, count > 0 ? states[0] : nullptr,
-                       count > 1 ? states[1] : nullptr);
+  h.grad_scale = grad_scale;
+  return h;
+}
+
+void Optimizer::update(Ops& ops, int index, Tensor& param, const Tensor& grad, float grad_scale) {
+  const OptimizerSlot s = prepare(ops, index, param, grad);
+  ops.optimizer_update(step_hyper(grad_scale), param, grad, s.state0, s.state1);
+}
+
+void Optimizer::update_many(Ops& ops, std::span<const Item> items, float grad_scale) {
+  std::vector<OptimizerSlot> slots;
+  slots.reserve(items.size());
+  for (const Item& it : items) slots.push_back(prepare(ops, it.index, *it.param, *it.grad));
+  ops.optimizer_update_many(step_hyper(grad_scale), slots);
 }
 
 const Tensor& Optimizer::state(int index, int which) const {

@@ -1,6 +1,6 @@
 // Optimizer: PyTorch's optimizers (torch.optim defaults) on top of Ops::optimizer_update.
 //
-// The update formulas live in the ops (one fused kernel per parameter on CUDA); this class owns
+// The update formulas live in the ops (one fused multi-tensor kernel on CUDA); this class owns
 // what torch.optim keeps between steps: the per-parameter state tensors and the step count.
 // State is created lazily at the first update of a parameter, as torch does, from the same
 // allocator as the tensor being updated (device memory, or pinned host memory when the
@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -33,7 +34,16 @@ class Optimizer {
   // weight in pure precision) moves along `grad` (same numel, any float dtype). `ops` must be
   // able to address both tensors (the device's ops, or CPU ops for pinned host tensors).
   // State tensors are created (zero, or adagrad's initial_accumulator_value) at the first call.
-  void update(Ops& ops, int index, Tensor& param, const Tensor& grad);
+  // grad_scale multiplies the gradient as it is read (the loss scaler's 1/scale).
+  void update(Ops& ops, int index, Tensor& param, const Tensor& grad, float grad_scale = 1.0f);
+  // The same for many parameters in one Ops::optimizer_update_many call (states created first,
+  // in order), as torch's foreach/fused optimizers do.
+  struct Item {
+    int index;
+    Tensor* param;
+    const Tensor* grad;
+  };
+  void update_many(Ops& ops, std::span<const Item> items, float grad_scale = 1.0f);
   // Called once after every parameter was updated: the step count advances. A skipped step
   // (fp16 overflow) calls neither update() nor finish_step(), so it does not count.
   void finish_step() { ++steps_; }
@@ -46,6 +56,10 @@ class Optimizer {
   std::int64_t state_bytes() const;  // sum of nbytes() over every state tensor
 
  private:
+  // Checks `index` against the parameter, creates its states if needed; the slot to update.
+  OptimizerSlot prepare(Ops& ops, int index, Tensor& param, const Tensor& grad);
+  OptimizerHyper step_hyper(float grad_scale) const;
+
   OptimizerHyper hyper_;
   std::int64_t steps_ = 0;
   std::vector<Tensor> state0_, state1_;

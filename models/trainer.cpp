@@ -162,19 +162,6 @@ StepResult Trainer::step() {
   return StepResult{loss_sum / static_cast<double>(rows), skipped, scale};
 }
 
-void Trainer::update_one(int i, Ops& ops, Tensor& grad, float inv_scale) {
-  Tensor& target = store_.update_target(i);
-  if (inv_scale == 1.0f) {
-    optimizer_->update(ops, i, target, grad);
-    return;
-  }
-  // Unscale into fp32 (temporaries, from the grad's own allocator: device or pinned host).
-  Tensor unscaled(*grad.allocator(), grad.shape(), DType::F32, Category::temporaries);
-  ops.cast(unscaled, grad);
-  ops.scale(unscaled, inv_scale);
-  optimizer_->update(ops, i, target, unscaled);
-}
-
 void Trainer::optimizer_phase(bool& skipped) {
   ScopedRange range(dev_, "optimizer_step");
   Ops& ops = dev_.ops();
@@ -205,15 +192,18 @@ void Trainer::optimizer_phase(bool& skipped) {
       for (int i : todo) host_grads.push_back(&store_.fetch_grad(i));
       dev_.synchronize(StreamKind::compute);
       for (std::size_t j = 0; j < todo.size(); ++j) {
-        update_one(todo[j], *host_ops_, *host_grads[j], inv_scale);
+        optimizer_->update(*host_ops_, todo[j], store_.update_target(todo[j]), *host_grads[j],
+                           inv_scale);
         store_.publish(todo[j], ops, host_ops_.get());
       }
     } else {
-      for (int i = 0; i < store_.size(); ++i) {
-        if (!store_.spec(i).trainable || !store_.has_grad(i)) continue;
-        update_one(i, ops, store_.device_grad(i), inv_scale);
-        store_.publish(i, ops, nullptr);
-      }
+      // Every parameter in one fused update (the unscale folded in), then the 16-bit copies.
+      std::vector<Optimizer::Item> items;
+      for (int i = 0; i < store_.size(); ++i)
+        if (store_.spec(i).trainable && store_.has_grad(i))
+          items.push_back({i, &store_.update_target(i), &store_.device_grad(i)});
+      optimizer_->update_many(ops, items, inv_scale);
+      for (const Optimizer::Item& it : items) store_.publish(it.index, ops, nullptr);
     }
     store_.finish_publish();
     optimizer_->finish_step();

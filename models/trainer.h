@@ -83,7 +83,6 @@ class Trainer {
   struct MicroBatch;
   MicroBatch stage(std::int64_t first);  // "io": make, stage and copy one micro-batch
   void optimizer_phase(bool& skipped);
-  void update_one(int i, Ops& ops, Tensor& grad, float inv_scale);
 
   Device& dev_;
   Model& model_;

@@ -22,6 +22,7 @@ void check_state(std::string_view op, std::string_view name, const Tensor* s, bo
 
 bool CpuOps::unscale_and_check(std::span<Tensor* const> grads, float inv_scale) {
   bool bad = false;
+  const bool write = inv_scale != 1.0f;  // x·1 == x: a check-only call writes nothing
   for (Tensor* g : grads) {
     if (!g) continue;
     check_float("unscale_and_check", "grad", *g);
@@ -33,14 +34,14 @@ bool CpuOps::unscale_and_check(std::span<Tensor* const> grads, float inv_scale) 
       const std::int64_t off = c * kChunk, len = std::min(kChunk, n - off);
       float bx[kChunk], bo[kChunk];
       const float* x = read_f32(*g, off, len, bx);
-      float* y = dest_f32(*g, off, bo);
+      float* y = write ? dest_f32(*g, off, bo) : bo;
       for (std::int64_t j = 0; j < len; ++j) {
         // Checked before (an inf times 0 would hide) and after (a finite value may overflow).
         const float v = x[j] * inv_scale;
         if (!std::isfinite(x[j]) || !std::isfinite(v)) tensor_bad = true;
         y[j] = v;
       }
-      write_f32(*g, off, len, y);
+      if (write) write_f32(*g, off, len, y);
     }
     bad = bad || tensor_bad;
   }
@@ -64,6 +65,7 @@ void CpuOps::optimizer_update(const OptimizerHyper& h, Tensor& param, const Tens
   const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double{h.beta2}, step)));
   const float clr = static_cast<float>(h.lr / (1.0 + (step - 1.0) * h.lr_decay));
   const OptimizerKind kind = h.kind;
+  const float gs = h.grad_scale;
   for_chunks(param.numel(), [&](std::int64_t off, std::int64_t len) {
     float bp[kChunk], bg[kChunk], b0[kChunk], b1[kChunk];
     float op_[kChunk], o0[kChunk], o1[kChunk];
@@ -76,7 +78,7 @@ void CpuOps::optimizer_update(const OptimizerHyper& h, Tensor& param, const Tens
     float* s1 = nstate >= 2 ? dest_f32(*state1, off, o1) : nullptr;
     for (std::int64_t j = 0; j < len; ++j) {
       float w = p_in[j];
-      float g = g_in[j];
+      float g = g_in[j] * gs;
       switch (kind) {
         case OptimizerKind::sgd:
           g += wd * w;

@@ -1,6 +1,9 @@
-// Loss-scale unscaling with the inf/nan check, and one fused optimizer step per parameter with
-// torch.optim's formulas (single-tensor path, foreach=False, maximize=False, amsgrad=False,
-// centered=False) — the same arithmetic as the CPU backend, element for element.
+// Loss-scale unscaling with the inf/nan check, and the fused optimizer step with torch.optim's
+// formulas (maximize=False, amsgrad=False, centered=False), the same arithmetic as the CPU
+// backend element for element: one element-wise kernel for one parameter, and one multi-tensor
+// kernel (PyTorch's multi_tensor_apply pattern) that updates many parameters per launch — the
+// tensor pointers and a block -> (tensor, chunk) table travel by value in the kernel's
+// parameters, so there is no device-side metadata whose lifetime could race the launch.
 #include <cmath>
 #include <cstdint>
 
@@ -14,7 +17,7 @@ namespace {
 constexpr std::size_t kFlagOffset = 32 * KiB;
 
 template <typename T>
-__global__ void unscale_kernel(T* g, std::int64_t n, float inv_scale, int* flag) {
+__global__ void unscale_kernel(T* g, std::int64_t n, float inv_scale, bool write, int* flag) {
   bool bad = false;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -23,71 +26,130 @@ __global__ void unscale_kernel(T* g, std::int64_t n, float inv_scale, int* flag)
     // Checked before (an inf times 0 would hide) and after (a finite value may overflow).
     const float v = x * inv_scale;
     if (!isfinite(x) || !isfinite(v)) bad = true;
-    g[i] = from_f<T>(v);
+    if (write) g[i] = from_f<T>(v);  // x·1 == x: a check-only call writes nothing
   }
   if (__any_sync(0xffffffffu, bad) && threadIdx.x % 32 == 0) *flag = 1;
 }
 
 struct OptArgs {
   OptimizerKind kind;
-  float lr, wd, eps, momentum, dampening, beta1, beta2, alpha;
+  float lr, wd, eps, momentum, dampening, beta1, beta2, alpha, grad_scale;
   float step_size, bc2_sqrt, clr;  // Adam's bias correction, Adagrad's decayed lr
   bool nesterov, first_step;
 };
+
+// One element: w and g in fp32 (g already scaled), the states read and written through s0/s1.
+__device__ __forceinline__ float update_element(const OptArgs& a, float w, float g, AnyOut s0,
+                                                AnyOut s1, std::int64_t j) {
+  switch (a.kind) {
+    case OptimizerKind::sgd:
+      g += a.wd * w;
+      w -= a.lr * g;
+      break;
+    case OptimizerKind::sgd_momentum: {
+      g += a.wd * w;
+      // torch creates the buffer from the first gradient (step 1), then decays it.
+      const float buf = a.first_step ? g : a.momentum * s0.load(j) + (1.0f - a.dampening) * g;
+      s0.store(j, buf);
+      g = a.nesterov ? g + a.momentum * buf : buf;
+      w -= a.lr * g;
+      break;
+    }
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw: {
+      if (a.kind == OptimizerKind::adamw) {
+        w *= 1.0f - a.lr * a.wd;  // decoupled weight decay
+      } else {
+        g += a.wd * w;
+      }
+      const float m = a.beta1 * s0.load(j) + (1.0f - a.beta1) * g;
+      const float v = a.beta2 * s1.load(j) + (1.0f - a.beta2) * g * g;
+      s0.store(j, m);
+      s1.store(j, v);
+      w -= a.step_size * m / (sqrtf(v) / a.bc2_sqrt + a.eps);
+      break;
+    }
+    case OptimizerKind::adagrad: {
+      g += a.wd * w;
+      const float sum = s0.load(j) + g * g;
+      s0.store(j, sum);
+      w -= a.clr * g / (sqrtf(sum) + a.eps);
+      break;
+    }
+    case OptimizerKind::rmsprop: {
+      g += a.wd * w;
+      const float sq = a.alpha * s0.load(j) + (1.0f - a.alpha) * g * g;
+      s0.store(j, sq);
+      w -= a.lr * g / (sqrtf(sq) + a.eps);
+      break;
+    }
+  }
+  return w;
+}
 
 template <typename TP, typename TG>
 __global__ void optimizer_kernel(TP* param, const TG* grad, AnyOut s0, AnyOut s1, std::int64_t n,
                                  OptArgs a) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < n;
-       j += stride) {
-    float w = to_f(param[j]);
-    float g = to_f(grad[j]);
-    switch (a.kind) {
-      case OptimizerKind::sgd:
-        g += a.wd * w;
-        w -= a.lr * g;
-        break;
-      case OptimizerKind::sgd_momentum: {
-        g += a.wd * w;
-        // torch creates the buffer from the first gradient (step 1), then decays it.
-        const float buf = a.first_step ? g : a.momentum * s0.load(j) + (1.0f - a.dampening) * g;
-        s0.store(j, buf);
-        g = a.nesterov ? g + a.momentum * buf : buf;
-        w -= a.lr * g;
-        break;
-      }
-      case OptimizerKind::adam:
-      case OptimizerKind::adamw: {
-        if (a.kind == OptimizerKind::adamw) {
-          w *= 1.0f - a.lr * a.wd;  // decoupled weight decay
-        } else {
-          g += a.wd * w;
-        }
-        const float m = a.beta1 * s0.load(j) + (1.0f - a.beta1) * g;
-        const float v = a.beta2 * s1.load(j) + (1.0f - a.beta2) * g * g;
-        s0.store(j, m);
-        s1.store(j, v);
-        w -= a.step_size * m / (sqrtf(v) / a.bc2_sqrt + a.eps);
-        break;
-      }
-      case OptimizerKind::adagrad: {
-        g += a.wd * w;
-        const float sum = s0.load(j) + g * g;
-        s0.store(j, sum);
-        w -= a.clr * g / (sqrtf(sum) + a.eps);
-        break;
-      }
-      case OptimizerKind::rmsprop: {
-        g += a.wd * w;
-        const float sq = a.alpha * s0.load(j) + (1.0f - a.alpha) * g * g;
-        s0.store(j, sq);
-        w -= a.lr * g / (sqrtf(sq) + a.eps);
-        break;
-      }
-    }
-    param[j] = from_f<TP>(w);
-  }
+       j += stride)
+    param[j] =
+        from_f<TP>(update_element(a, to_f(param[j]), to_f(grad[j]) * a.grad_scale, s0, s1, j));
+}
+
+// Multi-tensor launch metadata, passed by value (well under the 4 KiB kernel-parameter limit):
+// up to kMultiTensors parameters of one (param, grad) dtype pair, and for each of up to
+// kMultiBlocks blocks the tensor and the kMultiChunk-element chunk it updates.
+constexpr int kMultiTensors = 24;
+constexpr int kMultiBlocks = 320;
+constexpr std::int64_t kMultiChunk = 65536;
+
+struct MultiArgs {
+  void* param[kMultiTensors];
+  const void* grad[kMultiTensors];
+  void* s0[kMultiTensors];
+  void* s1[kMultiTensors];
+  std::int64_t n[kMultiTensors];
+  DType s0_t[kMultiTensors];
+  DType s1_t[kMultiTensors];
+  std::uint8_t block_tensor[kMultiBlocks];
+  std::int32_t block_chunk[kMultiBlocks];
+};
+static_assert(sizeof(MultiArgs) + sizeof(OptArgs) < 4000, "kernel parameters are limited to 4 KiB");
+
+template <typename TP, typename TG>
+__global__ void optimizer_multi_kernel(MultiArgs m, OptArgs a) {
+  const int t = m.block_tensor[blockIdx.x];
+  const std::int64_t begin = static_cast<std::int64_t>(m.block_chunk[blockIdx.x]) * kMultiChunk;
+  const std::int64_t end = begin + kMultiChunk < m.n[t] ? begin + kMultiChunk : m.n[t];
+  TP* param = static_cast<TP*>(m.param[t]);
+  const TG* grad = static_cast<const TG*>(m.grad[t]);
+  const AnyOut s0{m.s0[t], m.s0_t[t]}, s1{m.s1[t], m.s1_t[t]};
+  for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x)
+    param[j] =
+        from_f<TP>(update_element(a, to_f(param[j]), to_f(grad[j]) * a.grad_scale, s0, s1, j));
+}
+
+OptArgs opt_args(const OptimizerHyper& h) {
+  const double step = static_cast<double>(h.step);
+  OptArgs a{};
+  a.kind = h.kind;
+  a.lr = h.lr;
+  a.wd = h.weight_decay;
+  a.eps = h.eps;
+  a.momentum = h.momentum;
+  a.dampening = h.dampening;
+  a.beta1 = h.beta1;
+  a.beta2 = h.beta2;
+  a.alpha = h.alpha;
+  a.grad_scale = h.grad_scale;
+  // Scalars of Adam's bias correction, in double like Python floats, then used in fp32.
+  a.step_size = static_cast<float>(h.lr / (1.0 - std::pow(double{h.beta1}, step)));
+  a.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double{h.beta2}, step)));
+  a.clr = static_cast<float>(h.lr / (1.0 + (step - 1.0) * h.lr_decay));
+  a.nesterov = h.nesterov;
+  a.first_step = h.step == 1;
+  return a;
 }
 
 void check_state(std::string_view op, std::string_view name, const Tensor* s, bool needed,
@@ -108,12 +170,13 @@ bool CudaOps::unscale_and_check(std::span<Tensor* const> grads, float inv_scale)
     if (g) check_float("unscale_and_check", "grad", *g);
   auto* flag = reinterpret_cast<int*>(static_cast<unsigned char*>(small_scratch()) + kFlagOffset);
   CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream_));
+  const bool write = inv_scale != 1.0f;
   for (Tensor* g : grads) {
     if (!g || g->numel() == 0) continue;
     dispatch_float(g->dtype(), "unscale_and_check", [&](auto tag) {
       using T = decltype(tag);
-      unscale_kernel<T>
-          <<<grid_for(g->numel()), kThreads, 0, stream_>>>(g->as<T>(), g->numel(), inv_scale, flag);
+      unscale_kernel<T><<<grid_for(g->numel()), kThreads, 0, stream_>>>(g->as<T>(), g->numel(),
+                                                                        inv_scale, write, flag);
       CUDA_CHECK_LAUNCH();
     });
   }
@@ -123,9 +186,9 @@ bool CudaOps::unscale_and_check(std::span<Tensor* const> grads, float inv_scale)
   return host != 0;
 }
 
-void CudaOps::optimizer_update(const OptimizerHyper& h, Tensor& param, const Tensor& grad,
-                               Tensor* state0, Tensor* state1) {
-  NvtxRange range("optimizer_update");
+// Validation shared by both entry points: the same messages as the CPU backend's.
+void CudaOps::check_optimizer_args(const OptimizerHyper& h, const Tensor& param, const Tensor& grad,
+                                   const Tensor* state0, const Tensor* state1) {
   constexpr std::string_view op = "optimizer_update";
   check_float(op, "param", param);
   check_float(op, "grad", grad);
@@ -136,31 +199,22 @@ void CudaOps::optimizer_update(const OptimizerHyper& h, Tensor& param, const Ten
   check_state(op, "state0", state0, nstate >= 1, param);
   check_state(op, "state1", state1, nstate >= 2, param);
   if (h.step < 1) fail(op, "step " + std::to_string(h.step) + " must be >= 1");
+}
+
+void CudaOps::optimizer_update(const OptimizerHyper& h, Tensor& param, const Tensor& grad,
+                               Tensor* state0, Tensor* state1) {
+  NvtxRange range("optimizer_update");
+  check_optimizer_args(h, param, grad, state0, state1);
   const std::int64_t n = param.numel();
   if (n == 0) return;
-  const double step = static_cast<double>(h.step);
-  OptArgs a{};
-  a.kind = h.kind;
-  a.lr = h.lr;
-  a.wd = h.weight_decay;
-  a.eps = h.eps;
-  a.momentum = h.momentum;
-  a.dampening = h.dampening;
-  a.beta1 = h.beta1;
-  a.beta2 = h.beta2;
-  a.alpha = h.alpha;
-  // Scalars of Adam's bias correction, in double like Python floats, then used in fp32.
-  a.step_size = static_cast<float>(h.lr / (1.0 - std::pow(double{h.beta1}, step)));
-  a.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double{h.beta2}, step)));
-  a.clr = static_cast<float>(h.lr / (1.0 + (step - 1.0) * h.lr_decay));
-  a.nesterov = h.nesterov;
-  a.first_step = h.step == 1;
+  const int nstate = optimizer_state_count(h.kind);
+  const OptArgs a = opt_args(h);
   const AnyOut s0 =
       nstate >= 1 ? AnyOut{state0->data(), state0->dtype()} : AnyOut{nullptr, DType::F32};
   const AnyOut s1 =
       nstate >= 2 ? AnyOut{state1->data(), state1->dtype()} : AnyOut{nullptr, DType::F32};
-  dispatch_float(param.dtype(), op, [&](auto p) {
-    dispatch_float(grad.dtype(), op, [&](auto g) {
+  dispatch_float(param.dtype(), "optimizer_update", [&](auto p) {
+    dispatch_float(grad.dtype(), "optimizer_update", [&](auto g) {
       using TP = decltype(p);
       using TG = decltype(g);
       optimizer_kernel<TP, TG>
@@ -168,6 +222,56 @@ void CudaOps::optimizer_update(const OptimizerHyper& h, Tensor& param, const Ten
       CUDA_CHECK_LAUNCH();
     });
   });
+}
+
+void CudaOps::optimizer_update_many(const OptimizerHyper& h, std::span<const OptimizerSlot> slots) {
+  NvtxRange range("optimizer_update_many");
+  for (const OptimizerSlot& s : slots)
+    check_optimizer_args(h, *s.param, *s.grad, s.state0, s.state1);
+  const int nstate = optimizer_state_count(h.kind);
+  const OptArgs a = opt_args(h);
+  // One launch per (param, grad) dtype pair and per kMultiTensors / kMultiBlocks of metadata.
+  for (DType pt : {DType::F32, DType::F16, DType::BF16}) {
+    for (DType gt : {DType::F32, DType::F16, DType::BF16}) {
+      MultiArgs m{};
+      int tensors = 0, blocks = 0;
+      auto launch = [&] {
+        if (blocks == 0) return;
+        dispatch_float(pt, "optimizer_update", [&](auto p) {
+          dispatch_float(gt, "optimizer_update", [&](auto g) {
+            optimizer_multi_kernel<decltype(p), decltype(g)>
+                <<<static_cast<unsigned>(blocks), kThreads, 0, stream_>>>(m, a);
+            CUDA_CHECK_LAUNCH();
+          });
+        });
+        m = MultiArgs{};
+        tensors = blocks = 0;
+      };
+      for (const OptimizerSlot& s : slots) {
+        if (s.param->dtype() != pt || s.grad->dtype() != gt || s.param->numel() == 0) continue;
+        const std::int64_t n = s.param->numel();
+        const std::int64_t chunks = (n + kMultiChunk - 1) / kMultiChunk;
+        for (std::int64_t c = 0; c < chunks; ++c) {
+          // A tensor's chunks may straddle launches; it then takes a slot in each.
+          if (c == 0 || blocks == 0) {
+            if (tensors == kMultiTensors) launch();
+            m.param[tensors] = s.param->data();
+            m.grad[tensors] = s.grad->data();
+            m.s0[tensors] = nstate >= 1 ? s.state0->data() : nullptr;
+            m.s1[tensors] = nstate >= 2 ? s.state1->data() : nullptr;
+            m.s0_t[tensors] = nstate >= 1 ? s.state0->dtype() : DType::F32;
+            m.s1_t[tensors] = nstate >= 2 ? s.state1->dtype() : DType::F32;
+            m.n[tensors] = n;
+            ++tensors;
+          }
+          m.block_tensor[blocks] = static_cast<std::uint8_t>(tensors - 1);
+          m.block_chunk[blocks] = static_cast<std::int32_t>(c);
+          if (++blocks == kMultiBlocks) launch();
+        }
+      }
+      launch();
+    }
+  }
 }
 
 }  // namespace memtrade::cuda

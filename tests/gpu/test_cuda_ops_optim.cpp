@@ -85,38 +85,95 @@ TEST_P(CudaOptim, EveryKindMatchesTheCpuOverSteps) {
   const DType pt = GetParam();
   const std::int64_t n = 10007;
   for (const OptCase& oc : kOptCases) {
-    for (DType gt : {DType::F32, DType::F16, DType::BF16}) {
-      OptimizerHyper h;
-      h.kind = oc.kind;
-      h.lr = oc.kind == OptimizerKind::adagrad ? 0.05f : 0.01f;
-      h.weight_decay = oc.weight_decay;
-      h.nesterov = oc.nesterov;
-      h.dampening = std::string(oc.name) == "momentum_wd_dampening" ? 0.1f : 0.0f;
-      h.lr_decay = oc.kind == OptimizerKind::adagrad ? 0.01f : 0.0f;
-      Pair param = rand({n}, pt, 1, -1.0f, 1.0f, Category::params);
-      const int ns = optimizer_state_count(oc.kind);
-      Pair s0 = full({n}, DType::F32, oc.kind == OptimizerKind::adagrad ? 0.1f : 0.0f,
-                     Category::optimizer);
-      Pair s1 = full({n}, DType::F32, 0.0f, Category::optimizer);
-      for (std::int64_t step = 1; step <= 3; ++step) {
-        h.step = step;
-        Pair grad =
-            rand({n}, gt, static_cast<std::uint32_t>(10 + step), -1.0f, 1.0f, Category::grads);
-        cpu_ops().optimizer_update(h, param.cpu, grad.cpu, ns >= 1 ? &s0.cpu : nullptr,
-                                   ns >= 2 ? &s1.cpu : nullptr);
-        gpu_ops().optimizer_update(h, param.gpu, grad.gpu, ns >= 1 ? &s0.gpu : nullptr,
-                                   ns >= 2 ? &s1.gpu : nullptr);
-        const std::string tag = gputest::cat(oc.name, " param ", dtype_name(pt), " grad ",
-                                             dtype_name(gt), " step ", step);
-        // Same formulas; only FMA contraction differs (a few fp32 ulps), then the param rounds.
-        expect_close(param, Tol{1e-6f, 0, 3}, gputest::cat(tag, " param"));
-        if (ns >= 1) expect_close(s0, Tol{1e-7f, 0, 16}, gputest::cat(tag, " state0"));
-        if (ns >= 2) expect_close(s1, Tol{1e-9f, 0, 16}, gputest::cat(tag, " state1"));
-        // Resynchronise so that a 1-ulp rounding difference does not grow over steps.
-        param = make({n}, pt, cpu_->to_host_f32(param.cpu), Category::params);
-        s0 = make({n}, DType::F32, cpu_->to_host_f32(s0.cpu), Category::optimizer);
-        s1 = make({n}, DType::F32, cpu_->to_host_f32(s1.cpu), Category::optimizer);
+    // State in fp32 (next to a master) and in the param's dtype (pure precision, as the Trainer
+    // allocates it: Optimizer::update uses param.dtype()).
+    for (DType st :
+         pt == DType::F32 ? std::vector<DType>{DType::F32} : std::vector<DType>{DType::F32, pt}) {
+      for (DType gt : {DType::F32, DType::F16, DType::BF16}) {
+        OptimizerHyper h;
+        h.kind = oc.kind;
+        h.lr = oc.kind == OptimizerKind::adagrad ? 0.05f : 0.01f;
+        h.weight_decay = oc.weight_decay;
+        h.nesterov = oc.nesterov;
+        h.dampening = std::string(oc.name) == "momentum_wd_dampening" ? 0.1f : 0.0f;
+        h.lr_decay = oc.kind == OptimizerKind::adagrad ? 0.01f : 0.0f;
+        Pair param = rand({n}, pt, 1, -1.0f, 1.0f, Category::params);
+        const int ns = optimizer_state_count(oc.kind);
+        Pair s0 =
+            full({n}, st, oc.kind == OptimizerKind::adagrad ? 0.1f : 0.0f, Category::optimizer);
+        Pair s1 = full({n}, st, 0.0f, Category::optimizer);
+        for (std::int64_t step = 1; step <= 3; ++step) {
+          h.step = step;
+          Pair grad =
+              rand({n}, gt, static_cast<std::uint32_t>(10 + step), -1.0f, 1.0f, Category::grads);
+          cpu_ops().optimizer_update(h, param.cpu, grad.cpu, ns >= 1 ? &s0.cpu : nullptr,
+                                     ns >= 2 ? &s1.cpu : nullptr);
+          gpu_ops().optimizer_update(h, param.gpu, grad.gpu, ns >= 1 ? &s0.gpu : nullptr,
+                                     ns >= 2 ? &s1.gpu : nullptr);
+          const std::string tag =
+              gputest::cat(oc.name, " param ", dtype_name(pt), " grad ", dtype_name(gt), " state ",
+                           dtype_name(st), " step ", step);
+          // Same formulas; only FMA contraction differs (a few fp32 ulps), then the param rounds.
+          expect_close(param, Tol{1e-6f, 0, 3}, gputest::cat(tag, " param"));
+          // 16-bit state: one rounding of a few-ulp fp32 difference (dtype_eps is a full ulp);
+          // fp16 exp_avg_sq ~ 1e-3·g² is often subnormal, whose ulp is 2^-24 ≈ 6e-8.
+          const float sulps = st == DType::F32 ? 16.0f : 1.0f;
+          const float s1_abs = st == DType::F16 ? 6e-8f : 1e-9f;
+          if (ns >= 1) expect_close(s0, Tol{1e-7f, 0, sulps}, gputest::cat(tag, " state0"));
+          if (ns >= 2) expect_close(s1, Tol{s1_abs, 0, sulps}, gputest::cat(tag, " state1"));
+          // Resynchronise so that a 1-ulp rounding difference does not grow over steps.
+          param = make({n}, pt, cpu_->to_host_f32(param.cpu), Category::params);
+          s0 = make({n}, st, cpu_->to_host_f32(s0.cpu), Category::optimizer);
+          s1 = make({n}, st, cpu_->to_host_f32(s1.cpu), Category::optimizer);
+        }
       }
+    }
+  }
+}
+
+// The multi-tensor kernel against the CPU's one-by-one updates: more parameters than one
+// launch's metadata holds (24 tensors, 320 blocks of 65536 elements), tensors straddling
+// launches, empty ones, mixed param/grad dtypes (several launch groups), and grad_scale.
+TEST_P(CudaOptim, UpdateManyMatchesTheCpuAcrossLaunches) {
+  const DType pt = GetParam();
+  for (OptimizerKind kind : {OptimizerKind::sgd_momentum, OptimizerKind::adamw}) {
+    OptimizerHyper h;
+    h.kind = kind;
+    h.lr = 0.01f;
+    h.weight_decay = 0.01f;
+    h.momentum = 0.9f;
+    h.grad_scale = 1.0f / 256.0f;
+    std::vector<std::int64_t> sizes;
+    for (int i = 0; i < 30; ++i) sizes.push_back(1 + 777 * i);  // 30 tensors: two launches
+    sizes.push_back(0);
+    sizes.push_back(320 * 65536 + 5);  // straddles the block table
+    sizes.push_back(65536);
+    const int ns = optimizer_state_count(kind);
+    std::vector<Pair> params, grads, s0, s1;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const auto seed = static_cast<std::uint32_t>(100 + i);
+      const DType gt = i % 3 == 0 ? DType::F32 : pt;  // two dtype groups
+      params.push_back(rand({sizes[i]}, pt, seed, -1.0f, 1.0f, Category::params));
+      grads.push_back(rand({sizes[i]}, gt, seed + 1000, -256.0f, 256.0f, Category::grads));
+      // Step 2 with states already there (momentum buffer, Adam's m and v > 0).
+      s0.push_back(rand({sizes[i]}, DType::F32, seed + 2000, -0.1f, 0.1f, Category::optimizer));
+      s1.push_back(rand({sizes[i]}, DType::F32, seed + 3000, 1e-4f, 1e-2f, Category::optimizer));
+    }
+    h.step = 2;
+    std::vector<OptimizerSlot> slots;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      cpu_ops().optimizer_update(h, params[i].cpu, grads[i].cpu, ns >= 1 ? &s0[i].cpu : nullptr,
+                                 ns >= 2 ? &s1[i].cpu : nullptr);
+      slots.push_back({&params[i].gpu, &grads[i].gpu, ns >= 1 ? &s0[i].gpu : nullptr,
+                       ns >= 2 ? &s1[i].gpu : nullptr});
+    }
+    gpu_ops().optimizer_update_many(h, slots);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const std::string tag =
+          gputest::cat(ns, "-state optimizer, tensor ", i, " (", sizes[i], " elements)");
+      expect_close(params[i], Tol{1e-6f, 0, 3}, tag + " param");
+      if (ns >= 1) expect_close(s0[i], Tol{1e-7f, 0, 16}, tag + " state0");
+      if (ns >= 2) expect_close(s1[i], Tol{1e-9f, 0, 16}, tag + " state1");
     }
   }
 }

@@ -161,6 +161,59 @@ TEST_F(OpsTest, OptimizerSixteenBitParamAndState) {
                1e-6, 0, "bf16 adam step");
 }
 
+// grad_scale is the fused unscale: the same bits as updating with grad · scale computed first
+// (fp32 products either way), which is what the Trainer did with an fp32 copy before.
+TEST_F(OpsTest, OptimizerGradScaleIsTheUnscaleFused) {
+  for (OptimizerKind k :
+       {OptimizerKind::sgd_momentum, OptimizerKind::adam, OptimizerKind::adagrad}) {
+    OptimizerHyper h = hyper(k, 0.01f);
+    std::vector<float> g(kGrads[0].begin(), kGrads[0].end());
+    for (float& x : g) x *= 1024.0f;  // a loss scaled by 1024, grads stored in fp16
+    g = quantize(g, DType::F16);
+    std::vector<float> g_half = g;
+    for (float& x : g_half) x *= 1.0f / 1024.0f;
+    Tensor p1 = make({5}, kP0), a1 = zeros({5}), b1 = zeros({5});
+    Tensor p2 = make({5}, kP0), a2 = zeros({5}), b2 = zeros({5});
+    Tensor scaled = make({5}, g, DType::F16), unscaled = make({5}, g_half);
+    h.grad_scale = 1.0f / 1024.0f;
+    ops().optimizer_update(h, p1, scaled, &a1, &b1);
+    h.grad_scale = 1.0f;
+    ops().optimizer_update(h, p2, unscaled, &a2, &b2);
+    EXPECT_EQ(get(p1), get(p2)) << static_cast<int>(k);
+    EXPECT_EQ(get(a1), get(a2)) << static_cast<int>(k);
+  }
+}
+
+// optimizer_update_many is optimizer_update over the slots, bit for bit.
+TEST_F(OpsTest, OptimizerUpdateManyEqualsOneByOne) {
+  OptimizerHyper h = hyper(OptimizerKind::adamw, 0.01f);
+  h.step = 3;
+  h.grad_scale = 0.5f;
+  std::vector<Tensor> pa, pb, ga, ma, mb, va, vb;
+  for (int i = 0; i < 4; ++i) {
+    const std::int64_t n = 1 + 3000 * i;
+    const DType pt = i % 2 ? DType::BF16 : DType::F32;
+    auto v0 = rand_vec(n, 20 + i);
+    pa.push_back(make({n}, v0, pt));
+    pb.push_back(make({n}, v0, pt));
+    ga.push_back(make({n}, rand_vec(n, 40 + i), i == 3 ? DType::F16 : DType::F32));
+    ma.push_back(zeros({n}, pt));
+    mb.push_back(zeros({n}, pt));
+    va.push_back(zeros({n}, pt));
+    vb.push_back(zeros({n}, pt));
+  }
+  std::vector<OptimizerSlot> slots;
+  for (int i = 0; i < 4; ++i) {
+    slots.push_back({&pa[i], &ga[i], &ma[i], &va[i]});
+    ops().optimizer_update(h, pb[i], ga[i], &mb[i], &vb[i]);
+  }
+  ops().optimizer_update_many(h, slots);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(get(pa[i]), get(pb[i])) << i;
+    EXPECT_EQ(get(va[i]), get(vb[i])) << i;
+  }
+}
+
 TEST_F(OpsTest, OptimizerRejectsMissingState) {
   OptimizerHyper h = hyper(OptimizerKind::adam, 0.01f);
   Tensor p = make({5}, kP0), g = make({5}, kGrads[0]), m = zeros({5}), small = zeros({4});
