@@ -1,10 +1,21 @@
 #include "models/block_model.h"
 
+#include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 namespace memtrade {
+namespace {
+
+// Profiler range of a block (NVTX on CUDA): the timeline reads stem, block 0..n-1, head.
+std::string block_label(int block) {
+  return fmt::format("block {}", block);
+}
+
+}  // namespace
 
 int BlockModel::add_param(std::string name, Shape shape, float init_std, int block,
                           bool trainable) {
@@ -50,13 +61,17 @@ Tensor BlockModel::forward(Device& dev, ParamStore& store, const Tensor& input,
   c.selective = plan_.selective;
   c.save = training;
   c.segment = -1;
-  Tensor x = stem_forward(c, input);  // (B, ...) x0
+  Tensor x = [&] {
+    ScopedRange range(dev, "stem");
+    return stem_forward(c, input);  // (B, ...) x0
+  }();
   saved_->flush();
 
   for (const auto& seg : plan_.segments) {
     for (int i = seg.begin; i < seg.end; ++i) {
       c.segment = i;
       c.save = training && !seg.recompute;
+      ScopedRange range(dev, block_label(i).c_str());
       store.enter_block(i);
       Tensor y = block_forward(c, i, x);
       store.exit_block(i);
@@ -69,7 +84,10 @@ Tensor BlockModel::forward(Device& dev, ParamStore& store, const Tensor& input,
 
   c.segment = n;
   c.save = training;
-  Tensor losses = head_forward(c, std::move(x), targets);  // (N) F32
+  Tensor losses = [&] {
+    ScopedRange range(dev, "head");
+    return head_forward(c, std::move(x), targets);  // (N) F32
+  }();
   saved_->flush();
   saved_->set_offload(false);
   if (training) {
@@ -90,19 +108,43 @@ void BlockModel::backward(Device& dev, ParamStore& store, float dloss) {
   c.selective = plan_.selective;
   c.save = true;
 
+  // The segments backward fetches, in order (a recomputed segment: only its input). Fetching
+  // one also prefetches the next, so offloaded activations come back one step ahead and their
+  // copies overlap the backward in between (a no-op without offload).
+  std::vector<int> order{n};
+  for (auto seg = plan_.segments.rbegin(); seg != plan_.segments.rend(); ++seg)
+    for (int i = seg->end - 1; i >= seg->begin; --i)
+      if (!seg->recompute || i == seg->begin) order.push_back(i);
+  order.push_back(-1);
+  std::size_t cursor = 0;
+  auto fetch = [&](int segment) {
+    saved.fetch(segment);
+    auto it = std::find(order.begin() + static_cast<std::ptrdiff_t>(cursor), order.end(), segment);
+    if (it == order.end()) return;  // a recomputed block: its tensors are on the device
+    cursor = static_cast<std::size_t>(it - order.begin());
+    // Not from the head: its backward holds the logits' gradient, the step's largest buffer,
+    // and a block resident on top of it would raise the peak to save one block's copy time.
+    if (segment != n && cursor + 1 < order.size()) saved.prefetch(order[cursor + 1]);
+  };
+
   c.segment = n;
-  saved.fetch(n);
-  Tensor dres = head_backward(c, dloss);  // d(last block output)
+  fetch(n);
+  Tensor dres = [&] {
+    ScopedRange range(dev, "head");
+    return head_backward(c, dloss);  // d(last block output)
+  }();
   saved.release(n);
 
   for (auto seg = plan_.segments.rbegin(); seg != plan_.segments.rend(); ++seg) {
     if (seg->recompute) {
       // Re-run the segment from its saved input, keeping everything this time.
-      saved.fetch(seg->begin);
+      ScopedRange recompute(dev, "recompute");
+      fetch(seg->begin);
       Tensor x = saved.take(seg->begin, "x");
       c.recompute = true;
       for (int i = seg->begin; i < seg->end; ++i) {
         c.segment = i;
+        ScopedRange range(dev, block_label(i).c_str());
         store.enter_block(i);
         Tensor y = block_forward(c, i, x);
         store.exit_block(i);
@@ -114,7 +156,8 @@ void BlockModel::backward(Device& dev, ParamStore& store, float dloss) {
     }
     for (int i = seg->end - 1; i >= seg->begin; --i) {
       c.segment = i;
-      saved.fetch(i);
+      ScopedRange range(dev, block_label(i).c_str());
+      fetch(i);
       store.enter_block(i);
       block_backward(c, i, dres);
       store.exit_block(i);
@@ -123,8 +166,11 @@ void BlockModel::backward(Device& dev, ParamStore& store, float dloss) {
   }
 
   c.segment = -1;
-  saved.fetch(-1);
-  stem_backward(c, dres);
+  fetch(-1);
+  {
+    ScopedRange range(dev, "stem");
+    stem_backward(c, dres);
+  }
   dres.reset();
   saved_.reset();
   last_.reset();

@@ -132,6 +132,7 @@ GradRef TrainerParamStore::grad(int index) {
 }
 
 void TrainerParamStore::upload_weight(int index) {
+  ScopedRange range(dev_, "param_upload");
   Slot& s = slot(index);
   // Compute stream: the bytes may reuse memory that compute work freed a moment ago.
   dev_.copy(s.weight.data(), s.host_weight.data(), s.weight.nbytes(), CopyKind::host_to_device,

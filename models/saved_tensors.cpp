@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -12,8 +13,16 @@ SavedTensors::SavedTensors(Device& dev)
     : dev_(dev), produced_(dev.make_event()), copied_(dev.make_event()) {}
 
 SavedTensors::~SavedTensors() {
-  // Copies in flight still read their sources: wait before the Tensors free them.
-  if (!pending_.empty() || !entries_.empty()) dev_.synchronize(StreamKind::copy);
+  // Copies in flight still read their sources: wait before the Tensors free them. A destructor
+  // must not throw (std::terminate): after a sticky CUDA error the sync fails, and the error that
+  // caused the unwinding is the one worth reporting.
+  if (pending_.empty() && entries_.empty()) return;
+  try {
+    dev_.synchronize(StreamKind::copy);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memtrade: SavedTensors: copy-stream sync failed in destructor: %s\n",
+                 e.what());
+  }
 }
 
 SavedTensors::Entry* SavedTensors::find(int segment, std::string_view key) {
@@ -36,6 +45,7 @@ void SavedTensors::save(int segment, std::string_view key, Tensor t) {
     throw std::logic_error(fmt::format("SavedTensors: {}/{} saved twice", segment, key));
   Entry e{segment, std::string(key), {}, {}};
   if (offload_) {
+    ScopedRange range(dev_, "offload");
     // The copy stream must not read the tensor before the compute stream has written it.
     produced_->record(StreamKind::compute);
     dev_.wait(StreamKind::copy, *produced_);
@@ -76,11 +86,16 @@ Tensor SavedTensors::take(int segment, std::string_view key) {
 
 void SavedTensors::flush() {
   if (pending_.empty()) return;
-  dev_.synchronize(StreamKind::copy);
+  // The sources go back to the allocator now; whatever reuses their bytes runs on the compute
+  // stream behind this wait, so the host never stalls for the copies.
+  copied_->record(StreamKind::copy);
+  dev_.wait(StreamKind::compute, *copied_);
   pending_.clear();
 }
 
-void SavedTensors::fetch(int segment) {
+void SavedTensors::prefetch(int segment) {
+  if (arrivals_.contains(segment)) return;
+  ScopedRange range(dev_, "prefetch");
   bool issued = false;
   for (auto& e : entries_) {
     if (e.segment != segment || e.dev.defined()) continue;
@@ -94,16 +109,28 @@ void SavedTensors::fetch(int segment) {
     dev_.copy(e.dev.data(), e.host.data(), e.host.nbytes(), CopyKind::host_to_device,
               StreamKind::copy);
   }
-  if (issued) {
-    copied_->record(StreamKind::copy);
-    dev_.wait(StreamKind::compute, *copied_);
-  }
+  if (!issued) return;
+  auto arrived = dev_.make_event();
+  arrived->record(StreamKind::copy);
+  arrivals_.emplace(segment, std::move(arrived));
+}
+
+void SavedTensors::fetch(int segment) {
+  prefetch(segment);
+  auto it = arrivals_.find(segment);
+  if (it != arrivals_.end()) dev_.wait(StreamKind::compute, *it->second);
 }
 
 void SavedTensors::release(int segment) {
-  bool host = false;
-  for (const auto& e : entries_) host = host || (e.segment == segment && e.host.defined());
-  if (host) copied_->synchronize();  // pinned sources of fetch() copies must be done with
+  auto it = arrivals_.find(segment);
+  if (it != arrivals_.end()) {
+    it->second->synchronize();  // the pinned sources of its copies must be done with
+    arrivals_.erase(it);
+  } else {
+    bool host = false;  // never fetched: its forward copies may still be writing them
+    for (const auto& e : entries_) host = host || (e.segment == segment && e.host.defined());
+    if (host) dev_.synchronize(StreamKind::copy);
+  }
   entries_.remove_if([segment](const Entry& e) { return e.segment == segment; });
 }
 
@@ -111,6 +138,7 @@ void SavedTensors::clear() {
   if (!pending_.empty() || !entries_.empty()) dev_.synchronize(StreamKind::copy);
   pending_.clear();
   entries_.clear();
+  arrivals_.clear();
 }
 
 std::int64_t SavedTensors::device_bytes() const {

@@ -9,15 +9,20 @@
 // Policies:
 //   - keep (default): the device tensor stays where it is until its segment is released;
 //   - offload: save() copies the tensor to pinned host memory on the copy stream (after the
-//     compute stream has produced it) and frees the device copy at the next flush() (the model
-//     flushes after every block, so copies overlap the rest of the block); fetch(segment) brings a
-//     segment back before its backward, the compute stream waiting on the copy;
+//     compute stream has produced it) and frees the device copy at the next flush(). The model
+//     flushes after every block: copies overlap the rest of the block, and the compute stream
+//     (not the host) waits for them before anything can reuse the freed bytes. In backward,
+//     prefetch(segment) issues a segment's host-to-device copies early (the model does it one
+//     segment ahead, so they overlap the current block's backward, at the price of that
+//     segment's activations being resident one block sooner) and fetch(segment) makes the
+//     compute stream wait for them, issuing them first if nobody did;
 //   - checkpointing is decided by CheckpointPlan (below): a recomputed segment saves only its
 //     input in forward and re-runs its blocks (saving everything) right before their backward.
 #pragma once
 
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -49,8 +54,10 @@ class SavedTensors {
 
   // Waits for the offload copies issued so far and frees their device sources.
   void flush();
-  // Brings the offloaded tensors of `segment` back to the device (idempotent): copies on the
-  // copy stream, then the compute stream waits for them.
+  // Starts bringing the offloaded tensors of `segment` back to the device on the copy stream
+  // (idempotent; a no-op when nothing of it is on the host).
+  void prefetch(int segment);
+  // prefetch(segment), then the compute stream waits for those copies.
   void fetch(int segment);
   // Frees everything saved for `segment` (device and host copies).
   void release(int segment);
@@ -76,7 +83,9 @@ class SavedTensors {
   std::list<Entry> entries_;
   std::vector<Tensor> pending_;      // device sources of D2H copies in flight
   std::unique_ptr<Event> produced_;  // compute stream -> copy stream ordering
-  std::unique_ptr<Event> copied_;    // copy stream -> compute stream ordering
+  std::unique_ptr<Event> copied_;    // copy stream -> compute stream ordering (flush)
+  // Per segment being fetched: recorded on the copy stream after its host-to-device copies.
+  std::map<int, std::unique_ptr<Event>> arrivals_;
 };
 
 // Which blocks a training forward drops and recomputes.

@@ -106,6 +106,30 @@ TEST_F(SavedTensorsTest, OffloadMovesToPinnedAndFetchRestores) {
   EXPECT_EQ(pinned_act(), 0);
 }
 
+TEST_F(SavedTensorsTest, PrefetchBringsASegmentBackEarlyOnce) {
+  SavedTensors s(*dev);
+  s.set_offload(true);
+  s.save(1, "a", filled(3));
+  s.flush();
+  s.save(0, "a", filled(4, 1000));
+  s.flush();
+  EXPECT_EQ(device_act(), 0);
+  const auto h2d = dev->transfers().h2d_bytes;
+  s.fetch(1);
+  s.prefetch(0);  // what backward does while block 1 runs: block 0 arrives meanwhile
+  EXPECT_EQ(s.device_bytes(), (300 + 1000) * 4);
+  EXPECT_EQ(dev->transfers().h2d_bytes - h2d, (300 + 1000) * 4);
+  s.release(1);
+  s.prefetch(0);  // already issued: no second copy
+  s.fetch(0);
+  EXPECT_EQ(dev->transfers().h2d_bytes - h2d, (300 + 1000) * 4);
+  EXPECT_EQ(dev->to_host_f32(s.get(0, "a"))[999], 4.0f + 999);
+  s.prefetch(5);  // nothing saved there: a no-op
+  s.release(0);
+  EXPECT_EQ(device_act(), 0);
+  EXPECT_EQ(pinned_act(), 0);
+}
+
 TEST_F(SavedTensorsTest, OffloadOffKeepsOnDevice) {
   SavedTensors s(*dev);
   s.set_offload(true);
