@@ -34,6 +34,9 @@ TEST_P(TrainerCuda, MatchesCpu) {
   REQUIRE_CUDA();
   const CudaCase c = GetParam();
   TrainConfig cfg = base_config(c.model, 4);
+  // Adam's first steps are ≈ lr·sign(g): rounding-level grad differences on near-zero elements
+  // become O(lr) parameter differences. Momentum SGD is linear in the grads and keeps state.
+  cfg.optimizer = OptimizerKind::sgd_momentum;
   c.apply(cfg);
   auto cpu = cpu_device();
   auto cuda = make_cuda_device(DeviceOptions{});
@@ -48,8 +51,14 @@ TEST_P(TrainerCuda, MatchesCpu) {
   }
   for (std::size_t p = 0; p < a.grads.size(); ++p) {
     EXPECT_LE(max_rel_err(b.grads[p], a.grads[p]), tol) << c.label << " " << a.names[p];
-    EXPECT_LE(max_rel_err(b.params_after[p], a.params_after[p]), tol)
-        << c.label << " " << a.names[p];
+    // Compare the updates, not the parameters: relative to max|param| a missing update passes.
+    std::vector<float> da(a.params_after[p].size()), db(da.size());
+    for (std::size_t j = 0; j < da.size(); ++j) {
+      da[j] = a.params_after[p][j] - a.params_before[p][j];
+      db[j] = b.params_after[p][j] - b.params_before[p][j];
+    }
+    EXPECT_LE(max_rel_err(db, da), dt == DType::F32 ? tol : 2 * tol)
+        << c.label << " update of " << a.names[p];
   }
 }
 
