@@ -10,6 +10,7 @@
 
 #include "kernels/cuda_probe.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/models/forwarding_device.h"
 #include "tests/models/test_trainer_util.h"
 
 #ifdef MEMTRADE_HAVE_CUDA
@@ -50,86 +51,39 @@ class StallingEvent final : public Event {
   std::unique_ptr<Event> e_;
 };
 
-// Forwards everything to a CUDA device, stalling the streams around cross-stream hand-offs.
-class StallingDevice final : public Device {
+// A CUDA device whose streams stall around every cross-stream hand-off.
+class StallingDevice final : public ForwardingDevice {
  public:
-  explicit StallingDevice(std::unique_ptr<Device> d) : d_(std::move(d)) {}
-  Backend backend() const override { return d_->backend(); }
-  std::string name() const override { return d_->name(); }
-  std::size_t total_memory() const override { return d_->total_memory(); }
-  CachingAllocator& memory() override { return d_->memory(); }
-  CachingAllocator& pinned() override { return d_->pinned(); }
-  Ops& ops() override { return d_->ops(); }
+  using ForwardingDevice::ForwardingDevice;
   void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind,
             StreamKind stream) override {
-    if (stream == StreamKind::copy) stall(*d_, stream);  // the transfer lands late
-    d_->copy(dst, src, bytes, kind, stream);
+    if (stream == StreamKind::copy) stall(inner(), stream);  // the transfer lands late
+    ForwardingDevice::copy(dst, src, bytes, kind, stream);
   }
-  void synchronize() override { d_->synchronize(); }
-  void synchronize(StreamKind s) override { d_->synchronize(s); }
   std::unique_ptr<Event> make_event() override {
-    return std::make_unique<StallingEvent>(*d_, d_->make_event());
+    return std::make_unique<StallingEvent>(inner(), ForwardingDevice::make_event());
   }
   void wait(StreamKind waiter, Event& e) override {
-    d_->wait(waiter, static_cast<StallingEvent&>(e).inner());
+    ForwardingDevice::wait(waiter, static_cast<StallingEvent&>(e).inner());
   }
-  std::optional<std::int64_t> driver_used_bytes() const override { return d_->driver_used_bytes(); }
-
- private:
-  std::unique_ptr<Device> d_;
 };
 #endif
-
-struct Variant {
-  std::string label;
-  void (*apply)(TrainConfig&);
-};
-
-const std::vector<Variant> kVariants = {
-    {"checkpoint=1", [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("1"); }},
-    {"checkpoint=sqrt", [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("sqrt"); }},
-    {"checkpoint=selective",
-     [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("selective"); }},
-    {"offload=activations", [](TrainConfig& c) { c.offload = Offload::activations; }},
-    {"offload=optimizer", [](TrainConfig& c) { c.offload = Offload::optimizer; }},
-    {"offload=params", [](TrainConfig& c) { c.offload = Offload::params; }},
-    {"offload=params+checkpoint=1",
-     [](TrainConfig& c) {
-       c.offload = Offload::params;
-       c.checkpoint = *Checkpoint::parse("1");
-     }},
-    {"offload=activations+checkpoint=0.5",
-     [](TrainConfig& c) {
-       c.offload = Offload::activations;
-       c.checkpoint = *Checkpoint::parse("0.5");
-     }},
-    {"zero_grad=zero", [](TrainConfig& c) { c.zero_grad = ZeroGrad::zero; }},
-    {"input=pageable", [](TrainConfig& c) { c.input = InputMemory::pageable; }},
-    {"empty_cache=per_step", [](TrainConfig& c) { c.empty_cache = EmptyCache::per_step; }},
-};
 
 class CudaKnobEquivalence : public ::testing::TestWithParam<std::string> {};
 
 // gpt-tiny and mlp-tiny only: the CNN's cuDNN algorithms are not filtered for determinism.
+// Every knob of the CPU suite (tests/models/test_trainer_util.h: knob_variants), on a plain
+// CUDA device and on one that stalls its streams.
 TEST_P(CudaKnobEquivalence, BitIdenticalToPlainEvenWithStalledStreams) {
   MEMTRADE_REQUIRE_CUDA();
 #ifdef MEMTRADE_HAVE_CUDA
-  const std::string model = GetParam();
-  const TrainConfig base = base_config(model, 4);
-  auto plain_dev = make_cuda_device(DeviceOptions{});
-  const RunResult plain = run_steps(*plain_dev, base, 3);
   for (bool stalled : {false, true}) {
-    for (const auto& v : kVariants) {
-      SCOPED_TRACE(model + " " + v.label + (stalled ? " (stalled streams)" : ""));
-      TrainConfig cfg = base;
-      v.apply(cfg);
+    SCOPED_TRACE(stalled ? "stalled streams" : "plain streams");
+    expect_knobs_bit_identical(GetParam(), [stalled](const TrainConfig& cfg, int steps) {
       std::unique_ptr<Device> dev = make_cuda_device(DeviceOptions{});
       if (stalled) dev = std::make_unique<StallingDevice>(std::move(dev));
-      const RunResult r = run_steps(*dev, cfg, 3);
-      EXPECT_EQ(r.losses, plain.losses);
-      expect_identical(r.grads, plain.grads, plain.names, "grads");
-      expect_identical(r.params_after, plain.params_after, plain.names, "params_after");
-    }
+      return run_steps(*dev, cfg, steps);
+    });
   }
 #endif
 }

@@ -10,57 +10,12 @@
 namespace memtrade::testing {
 namespace {
 
-struct Variant {
-  std::string label;
-  void (*apply)(TrainConfig&);
-};
-
-const std::vector<Variant>& variants() {
-  static const std::vector<Variant> v = {
-      {"checkpoint=1", [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("1"); }},
-      {"checkpoint=0.5", [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("0.5"); }},
-      {"checkpoint=sqrt", [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("sqrt"); }},
-      {"checkpoint=selective",
-       [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("selective"); }},
-      {"offload=activations", [](TrainConfig& c) { c.offload = Offload::activations; }},
-      {"offload=optimizer", [](TrainConfig& c) { c.offload = Offload::optimizer; }},
-      {"offload=params", [](TrainConfig& c) { c.offload = Offload::params; }},
-      {"offload=params+checkpoint=1",
-       [](TrainConfig& c) {
-         c.offload = Offload::params;
-         c.checkpoint = *Checkpoint::parse("1");
-       }},
-      {"zero_grad=zero", [](TrainConfig& c) { c.zero_grad = ZeroGrad::zero; }},
-      {"zero_grad=zero+accumulation=2",  // compared against set_to_none with accumulation 2
-       [](TrainConfig& c) { c.zero_grad = ZeroGrad::zero; }},
-      {"input=pageable", [](TrainConfig& c) { c.input = InputMemory::pageable; }},
-      {"empty_cache=per_step", [](TrainConfig& c) { c.empty_cache = EmptyCache::per_step; }},
-  };
-  return v;
-}
-
 class KnobEquivalence : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(KnobEquivalence, BitIdenticalToPlainFp32Adam) {
-  const std::string model = GetParam();
   // 3 steps: the second and third use Adam's state and, for zero_grad=zero, kept grads.
-  constexpr int kSteps = 3;
-  TrainConfig base = base_config(model, 4);
-  const RunResult plain = run_steps(base, kSteps);
-  TrainConfig base_acc = base;
-  base_acc.accumulation = 2;
-  const RunResult plain_acc = run_steps(base_acc, kSteps);
-  for (const auto& v : variants()) {
-    SCOPED_TRACE(model + " " + v.label);
-    const bool acc = v.label.find("accumulation=2") != std::string::npos;
-    TrainConfig cfg = acc ? base_acc : base;
-    v.apply(cfg);
-    const RunResult r = run_steps(cfg, kSteps);
-    const RunResult& ref = acc ? plain_acc : plain;
-    EXPECT_EQ(r.losses, ref.losses);
-    expect_identical(r.grads, ref.grads, ref.names, "grads");
-    expect_identical(r.params_after, ref.params_after, ref.names, "params_after");
-  }
+  expect_knobs_bit_identical(
+      GetParam(), [](const TrainConfig& cfg, int steps) { return run_steps(cfg, steps); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, KnobEquivalence,

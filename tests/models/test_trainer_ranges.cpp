@@ -5,29 +5,16 @@
 #include <string>
 #include <vector>
 
+#include "tests/models/forwarding_device.h"
 #include "tests/models/test_trainer_util.h"
 
 namespace memtrade::testing {
 namespace {
 
-// Forwards everything to `d`, recording range pushes ("+name") and pops ("-").
-class RangeRecorder final : public Device {
+// Records range pushes ("+name") and pops ("-") of the device it wraps.
+class RangeRecorder final : public ForwardingDevice {
  public:
-  explicit RangeRecorder(std::unique_ptr<Device> d) : d_(std::move(d)) {}
-  Backend backend() const override { return d_->backend(); }
-  std::string name() const override { return d_->name(); }
-  std::size_t total_memory() const override { return d_->total_memory(); }
-  CachingAllocator& memory() override { return d_->memory(); }
-  CachingAllocator& pinned() override { return d_->pinned(); }
-  Ops& ops() override { return d_->ops(); }
-  void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind,
-            StreamKind stream) override {
-    d_->copy(dst, src, bytes, kind, stream);
-  }
-  void synchronize() override { d_->synchronize(); }
-  void synchronize(StreamKind s) override { d_->synchronize(s); }
-  std::unique_ptr<Event> make_event() override { return d_->make_event(); }
-  void wait(StreamKind waiter, Event& e) override { d_->wait(waiter, e); }
+  using ForwardingDevice::ForwardingDevice;
   void range_push(const char* name) override {
     log.push_back(std::string("+") + name);
     open.push_back(name);
@@ -40,9 +27,6 @@ class RangeRecorder final : public Device {
 
   std::vector<std::string> log;   // every push and pop in order
   std::vector<std::string> open;  // the stack now
-
- private:
-  std::unique_ptr<Device> d_;
 };
 
 // Names of the ranges pushed while `outer` was open (anywhere below it).

@@ -105,4 +105,64 @@ inline double max_rel_err(const std::vector<float>& a, const std::vector<float>&
   return diff / scale;
 }
 
+// Knobs that only trade memory for time, each a change to a config: runs with them must be
+// bit-identical to the plain run (tests/models/test_trainer_equivalence.cpp on the CPU,
+// tests/gpu/test_cuda_knob_equivalence.cpp on CUDA). A label containing "accumulation=2" is
+// compared against the plain run with accumulation 2.
+struct KnobVariant {
+  std::string label;
+  void (*apply)(TrainConfig&);
+};
+
+inline const std::vector<KnobVariant>& knob_variants() {
+  static const std::vector<KnobVariant> v = {
+      {"checkpoint=1", [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("1"); }},
+      {"checkpoint=0.5", [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("0.5"); }},
+      {"checkpoint=sqrt", [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("sqrt"); }},
+      {"checkpoint=selective",
+       [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("selective"); }},
+      {"offload=activations", [](TrainConfig& c) { c.offload = Offload::activations; }},
+      {"offload=optimizer", [](TrainConfig& c) { c.offload = Offload::optimizer; }},
+      {"offload=params", [](TrainConfig& c) { c.offload = Offload::params; }},
+      {"offload=params+checkpoint=1",
+       [](TrainConfig& c) {
+         c.offload = Offload::params;
+         c.checkpoint = *Checkpoint::parse("1");
+       }},
+      {"offload=activations+checkpoint=0.5",
+       [](TrainConfig& c) {
+         c.offload = Offload::activations;
+         c.checkpoint = *Checkpoint::parse("0.5");
+       }},
+      {"zero_grad=zero", [](TrainConfig& c) { c.zero_grad = ZeroGrad::zero; }},
+      {"zero_grad=zero+accumulation=2",  // compared against set_to_none with accumulation 2
+       [](TrainConfig& c) { c.zero_grad = ZeroGrad::zero; }},
+      {"input=pageable", [](TrainConfig& c) { c.input = InputMemory::pageable; }},
+      {"empty_cache=per_step", [](TrainConfig& c) { c.empty_cache = EmptyCache::per_step; }},
+  };
+  return v;
+}
+
+// Runs every knob variant of `model` through `run` (a config -> RunResult, on some device) and
+// expects each to equal the plain run bit for bit.
+template <typename Run>
+void expect_knobs_bit_identical(const std::string& model, Run&& run, int steps = 3) {
+  TrainConfig base = base_config(model, 4);
+  const RunResult plain = run(base, steps);
+  TrainConfig base_acc = base;
+  base_acc.accumulation = 2;
+  const RunResult plain_acc = run(base_acc, steps);
+  for (const auto& v : knob_variants()) {
+    SCOPED_TRACE(model + " " + v.label);
+    const bool acc = v.label.find("accumulation=2") != std::string::npos;
+    TrainConfig cfg = acc ? base_acc : base;
+    v.apply(cfg);
+    const RunResult r = run(cfg, steps);
+    const RunResult& ref = acc ? plain_acc : plain;
+    EXPECT_EQ(r.losses, ref.losses);
+    expect_identical(r.grads, ref.grads, ref.names, "grads");
+    expect_identical(r.params_after, ref.params_after, ref.names, "params_after");
+  }
+}
+
 }  // namespace memtrade::testing
