@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # GPU check: everything CUDA in one short run (< 8 minutes on one H100/H200).
 #
-#   ci/gpu-check.sh [BUILD_DIR]
+#   ci/gpu-check.sh [BUILD_DIR | BUNDLE_DIR]
+#
+# BUNDLE_DIR is what ci/device-bundle.sh makes (bin/, lib/, env.sh): prebuilt executables for a
+# machine without our C++ dependencies; the GPU tests then run as 4 gtest shards instead of
+# ctest. Through the device tool: build the bundle here, then
+#   run(command="ci/gpu-check.sh device-bundle", carry=["device-bundle"])
 #
 # Without BUILD_DIR, configures and builds build-gpu (-DMEMTRADE_CUDA=ON; targets memtrade,
 # memtrade_gpu_tests (the CUDA trainer tests included), bench_cuda). Steps, each timed and logged to
@@ -56,7 +61,15 @@ run_step() {
 }
 
 # ---- build --------------------------------------------------------------------------------
-if [[ $# -ge 1 ]]; then
+BUNDLE=
+if [[ $# -ge 1 && -f $1/env.sh && -x $1/bin/memtrade ]]; then
+  BUNDLE=$(cd "$1" && pwd)
+  # shellcheck source=/dev/null
+  source "$BUNDLE/env.sh"
+  # Built elsewhere: the reports package is in this checkout, drawn by this machine's python.
+  export MEMTRADE_ROOT=$ROOT MEMTRADE_PYTHON=${MEMTRADE_PYTHON:-$(command -v "$PYTHON")}
+  log "bundle $BUNDLE; LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+elif [[ $# -ge 1 ]]; then
   BUILD=$(cd "$1" 2>/dev/null && pwd) || { log "build dir $1 not found"; exit 2; }
 else
   BUILD=$ROOT/build-gpu
@@ -74,8 +87,13 @@ else
   }
   run_step build do_build
 fi
-MEMTRADE=$BUILD/memtrade
-BENCH=$BUILD/bench/bench_cuda
+if [[ -n $BUNDLE ]]; then
+  MEMTRADE=$BUNDLE/bin/memtrade
+  BENCH=$BUNDLE/bin/bench_cuda
+else
+  MEMTRADE=$BUILD/memtrade
+  BENCH=$BUILD/bench/bench_cuda
+fi
 
 need_memtrade() {
   [[ -x $MEMTRADE ]] || { echo "no memtrade binary at $MEMTRADE"; return 1; }
@@ -110,7 +128,30 @@ do_ctest() {
   # Every test skipped means no device: not a pass.
   if [[ $passed -eq 0 ]]; then echo "no GPU test ran (no CUDA device?)"; return 1; fi
 }
-run_step ctest do_ctest
+# The bundle has no CTest files: the test binary itself, in CTEST_JOBS shards at once.
+do_gtest() {
+  local exe=$BUNDLE/bin/memtrade_gpu_tests clog=$OUT/ctest-gpu.log i pids=() rc=0 passed=0 \
+    failed=0 skipped=0 n
+  [[ -x $exe ]] || { echo "no memtrade_gpu_tests at $exe"; return 1; }
+  for ((i = 0; i < CTEST_JOBS; i++)); do
+    GTEST_TOTAL_SHARDS=$CTEST_JOBS GTEST_SHARD_INDEX=$i OMP_WAIT_POLICY=passive \
+      timeout "${CTEST_TIMEOUT:-240}" "$exe" >"$OUT/gtest-shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; done
+  cat "$OUT"/gtest-shard*.log >"$clog"
+  for f in "$OUT"/gtest-shard*.log; do
+    n=$(sed -nE 's/^\[  PASSED  \] ([0-9]+) tests?\..*/\1/p' "$f"); passed=$((passed + ${n:-0}))
+    n=$(sed -nE 's/^\[  FAILED  \] ([0-9]+) tests?, listed below.*/\1/p' "$f"); failed=$((failed + ${n:-0}))
+    n=$(sed -nE 's/^\[  SKIPPED \] ([0-9]+) tests?, listed below.*/\1/p' "$f"); skipped=$((skipped + ${n:-0}))
+  done
+  grep -E '^\[  FAILED  \] [A-Za-z]' "$clog" | sort -u | head -n 40
+  echo "gtest shards: $passed passed, $failed failed, $skipped skipped (exit $rc; $clog)"
+  echo "$passed $failed $skipped" >"$OUT/ctest-counts.txt"
+  [[ $rc -eq 0 && $failed -eq 0 ]] || return 1
+  if [[ $passed -eq 0 ]]; then echo "no GPU test ran (no CUDA device?)"; return 1; fi
+}
+if [[ -n $BUNDLE ]]; then run_step gtest do_gtest; else run_step ctest do_ctest; fi
 
 # ---- the grid -----------------------------------------------------------------------------
 do_grid() {

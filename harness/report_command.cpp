@@ -1,5 +1,6 @@
 // `memtrade report ...`: the charts are drawn by the Python package in reports/ (matplotlib),
-// run with Debian's /usr/bin/python3; this forwards the arguments and the exit code.
+// run with $MEMTRADE_PYTHON, else Debian's /usr/bin/python3 (what ci/setup.sh installs
+// matplotlib for), else python3 on PATH; this forwards the arguments and the exit code.
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -27,6 +28,7 @@ int cmd_report(const std::vector<std::string>& args) {
     throw BadInput(fmt::format("report: the reports package is not at {} (set MEMTRADE_ROOT)",
                                (root / "reports").string()));
   std::string python = std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  if (const char* env = std::getenv("MEMTRADE_PYTHON"); env && *env) python = env;
   std::vector<std::string> argv = {python, "-m", "reports"};
   for (const auto& a : args) argv.push_back(a);
   std::vector<char*> cargv;
