@@ -3,12 +3,13 @@
 // Each slice is three strided GEMMs straight on the packed tensors (lda = 3C) when they are
 // F32; 16-bit operands of a slice are converted into fp32 scratch sized for one slice only
 // (Category::workspace: OpenBLAS has no 16-bit GEMM, like the casts cuBLASLt needs on CUDA).
-// Slices run in sequence and OpenBLAS threads each GEMM, which keeps scratch at one slice
-// (independent of the thread count, hence the same allocation sequence on every machine) and
-// never calls BLAS from inside an OpenMP region. The row loops between the GEMMs are serial on
-// purpose: an OpenMP region between two threaded OpenBLAS (pthreads) calls leaves the two
-// thread pools spinning against each other with libgomp's default wait policy; measured on
-// 2 cores, B=4 T=256 forward+backward took 4.8 s with parallel rows and 0.18 s without.
+// When every operand is F32 there is no scratch and the slices run one per thread (each GEMM
+// single-threaded: OpenMP OpenBLAS nests; a slice's GEMMs are T·T·hd, too small to thread well).
+// Otherwise slices run in turn, sharing one slice of conversion scratch, and OpenBLAS threads
+// each GEMM: scratch stays one slice whatever the thread count, so the allocation sequence is
+// the same on every machine. (With the pthreads OpenBLAS, whose pool fights OpenMP's — B=4
+// T=256 forward+backward took 4.8 s with parallel rows and 0.18 s without — slices always run
+// in turn: sgemm_nests().)
 //
 // The scratch contract shared with the CUDA backend (kernels/cuda/cuda_ops_attention.cpp):
 // forward and probs allocate no temporaries; backward allocates dP (NH, T, T) in qkv's dtype
@@ -27,6 +28,13 @@ namespace {
 struct Dims {
   std::int64_t b, t, c, nh, hd;
 };
+
+// Slices one per thread only when a slice's GEMMs (T·T·hd multiply-adds each) outweigh waking
+// the pool: measured side by side on 2 cores, T = 32, hd = 32 (gpt-tiny) went 16% slower in
+// parallel, T = 64 (gpt-mini) broke even, T = 256, hd = 64 (gpt-small) 11% faster.
+bool slices_in_parallel(const Dims& d) {
+  return d.t * d.t * d.hd >= (std::int64_t{1} << 18) && sgemm_nests();
+}
 
 Dims check_qkv(std::string_view op, const Tensor& qkv, int n_head) {
   check_float(op, "qkv", qkv);
@@ -84,37 +92,45 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, std
   auto out_buf = scratch_if(out && out->dtype() != DType::F32, alloc, {d.t, d.hd});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
   const std::int64_t tt = d.t;
-  for (std::int64_t b = 0; b < d.b; ++b) {
-    for (std::int64_t h = 0; h < d.nh; ++h) {
-      const QkvSlice s = qkv_slice(qkv, d, b, h, qkv_buf ? &*qkv_buf : nullptr);
-      const std::int64_t att_off = (b * d.nh + h) * tt * tt;
-      float* p = att_buf ? att_buf->as<float>() : att.as<float>() + att_off;
-      sgemm(false, true, tt, tt, d.hd, scale, s.q, s.ld, s.k, s.ld, 0.0f, p, tt);
-      round_to(qkv.dtype(), p, tt * tt);
-      for (std::int64_t t = 0; t < tt; ++t) {
-        float* row = p + t * tt;
-        float mx = -INFINITY;
-        for (std::int64_t j = 0; j <= t; ++j) mx = std::max(mx, row[j]);
-        float sum = 0.0f;
-        for (std::int64_t j = 0; j <= t; ++j) {
-          row[j] = std::exp(row[j] - mx);
-          sum += row[j];
-        }
-        const float inv = 1.0f / sum;
-        for (std::int64_t j = 0; j <= t; ++j) row[j] *= inv;
-        std::fill(row + t + 1, row + tt, 0.0f);  // causal mask: future positions get 0
+  auto slice = [&](std::int64_t b, std::int64_t h) {
+    const QkvSlice s = qkv_slice(qkv, d, b, h, qkv_buf ? &*qkv_buf : nullptr);
+    const std::int64_t att_off = (b * d.nh + h) * tt * tt;
+    float* p = att_buf ? att_buf->as<float>() : att.as<float>() + att_off;
+    sgemm(false, true, tt, tt, d.hd, scale, s.q, s.ld, s.k, s.ld, 0.0f, p, tt);
+    round_to(qkv.dtype(), p, tt * tt);
+    for (std::int64_t t = 0; t < tt; ++t) {
+      float* row = p + t * tt;
+      float mx = -INFINITY;
+      for (std::int64_t j = 0; j <= t; ++j) mx = std::max(mx, row[j]);
+      float sum = 0.0f;
+      for (std::int64_t j = 0; j <= t; ++j) {
+        row[j] = std::exp(row[j] - mx);
+        sum += row[j];
       }
-      round_to(qkv.dtype(), p, tt * tt);  // CUDA's softmax writes the probabilities in it
-      if (att_buf) write_f32(att, att_off, tt * tt, p);
-      if (!out) continue;
-      const std::int64_t out_off = b * tt * d.c + h * d.hd;
-      float* o = out_buf ? out_buf->as<float>() : out->as<float>() + out_off;
-      const std::int64_t ldo = out_buf ? d.hd : d.c;
-      sgemm(false, false, tt, d.hd, tt, 1.0f, p, tt, s.v, s.ld, 0.0f, o, ldo);
-      if (out_buf)
-        for (std::int64_t t = 0; t < tt; ++t)
-          write_f32(*out, out_off + t * d.c, d.hd, o + t * d.hd);
+      const float inv = 1.0f / sum;
+      for (std::int64_t j = 0; j <= t; ++j) row[j] *= inv;
+      std::fill(row + t + 1, row + tt, 0.0f);  // causal mask: future positions get 0
     }
+    round_to(qkv.dtype(), p, tt * tt);  // CUDA's softmax writes the probabilities in it
+    if (att_buf) write_f32(att, att_off, tt * tt, p);
+    if (!out) return;
+    const std::int64_t out_off = b * tt * d.c + h * d.hd;
+    float* o = out_buf ? out_buf->as<float>() : out->as<float>() + out_off;
+    const std::int64_t ldo = out_buf ? d.hd : d.c;
+    sgemm(false, false, tt, d.hd, tt, 1.0f, p, tt, s.v, s.ld, 0.0f, o, ldo);
+    if (out_buf)
+      for (std::int64_t t = 0; t < tt; ++t) write_f32(*out, out_off + t * d.c, d.hd, o + t * d.hd);
+  };
+  // All-fp32 slices touch only their own parts of att and out: one slice per thread, each
+  // GEMM single-threaded (small T·T·hd GEMMs gain little from threads). Otherwise the slices
+  // share the conversion scratch and run in turn with threaded GEMMs.
+  if (!qkv_buf && !att_buf && !out_buf && slices_in_parallel(d)) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (std::int64_t b = 0; b < d.b; ++b)
+      for (std::int64_t h = 0; h < d.nh; ++h) slice(b, h);
+  } else {
+    for (std::int64_t b = 0; b < d.b; ++b)
+      for (std::int64_t h = 0; h < d.nh; ++h) slice(b, h);
   }
 }
 
@@ -150,48 +166,58 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
   auto dqkv_buf = scratch_if(dqkv.dtype() != DType::F32, alloc, {3, tt, hd});
   auto ds_buf = scratch_if(dt != DType::F32, alloc, {tt, tt});
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  auto slice = [&](std::int64_t b, std::int64_t h) {
+    const QkvSlice s = qkv_slice(qkv, d, b, h, qkv_buf ? &*qkv_buf : nullptr);
+    const std::int64_t att_off = (b * d.nh + h) * tt * tt;
+    const float* p = att_buf ? att_buf->as<float>() : att.as<float>() + att_off;
+    if (att_buf) read_f32(att, att_off, tt * tt, att_buf->as<float>());
+    const std::int64_t out_off = b * tt * d.c + h * d.hd;
+    const float* g = dout_buf ? dout_buf->as<float>() : dout.as<float>() + out_off;
+    const std::int64_t ldg = dout_buf ? hd : d.c;
+    if (dout_buf)
+      for (std::int64_t t = 0; t < tt; ++t)
+        read_f32(dout, out_off + t * d.c, hd, dout_buf->as<float>() + t * hd);
+    const std::int64_t dq_off = b * tt * 3 * d.c + h * hd;
+    float* dq = dqkv_buf ? dqkv_buf->as<float>() : dqkv.as<float>() + dq_off;
+    float* dk = dqkv_buf ? dq + tt * hd : dq + d.c;
+    float* dv = dqkv_buf ? dq + 2 * tt * hd : dq + 2 * d.c;
+    const std::int64_t ldd = dqkv_buf ? hd : 3 * d.c;
+    const std::int64_t dp_off = h * tt * tt;
+    float* ds = ds_buf ? ds_buf->as<float>() : dp.as<float>() + dp_off;
+    sgemm(true, false, tt, hd, tt, 1.0f, p, tt, g, ldg, 0.0f, dv, ldd);     // dV = Pᵀ·dO
+    sgemm(false, true, tt, tt, hd, 1.0f, g, ldg, s.v, s.ld, 0.0f, ds, tt);  // dP = dO·Vᵀ
+    round_to(dt, ds, tt * tt);
+    // Softmax backward per row: dS = P ⊙ (dP − Σ_j P·dP); masked entries have P = 0.
+    for (std::int64_t t = 0; t < tt; ++t) {
+      const float* pr = p + t * tt;
+      float* dr = ds + t * tt;
+      float dot = 0.0f;
+      for (std::int64_t j = 0; j <= t; ++j) dot += pr[j] * dr[j];
+      for (std::int64_t j = 0; j <= t; ++j) dr[j] = pr[j] * (dr[j] - dot);
+      std::fill(dr + t + 1, dr + tt, 0.0f);
+    }
+    if (ds_buf) {  // dS lives in dP (qkv's dtype) between the two kernels on CUDA
+      write_f32(dp, dp_off, tt * tt, ds);
+      read_f32(dp, dp_off, tt * tt, ds);
+    }
+    sgemm(false, false, tt, hd, tt, scale, ds, tt, s.k, s.ld, 0.0f, dq, ldd);  // dQ = s·dS·K
+    sgemm(true, false, tt, hd, tt, scale, ds, tt, s.q, s.ld, 0.0f, dk, ldd);   // dK = s·dSᵀ·Q
+    if (dqkv_buf)
+      for (std::int64_t t = 0; t < tt; ++t)
+        for (std::int64_t part = 0; part < 3; ++part)
+          write_f32(dqkv, dq_off + t * 3 * d.c + part * d.c, hd,
+                    dqkv_buf->as<float>() + (part * tt + t) * hd);
+  };
+  // As in forward: all-fp32 slices of one sequence run one per thread (each head has its own
+  // slice of dP); otherwise in turn, sharing the conversion scratch.
+  const bool parallel =
+      !qkv_buf && !att_buf && !dout_buf && !dqkv_buf && !ds_buf && slices_in_parallel(d);
   for (std::int64_t b = 0; b < d.b; ++b) {
-    for (std::int64_t h = 0; h < d.nh; ++h) {
-      const QkvSlice s = qkv_slice(qkv, d, b, h, qkv_buf ? &*qkv_buf : nullptr);
-      const std::int64_t att_off = (b * d.nh + h) * tt * tt;
-      const float* p = att_buf ? att_buf->as<float>() : att.as<float>() + att_off;
-      if (att_buf) read_f32(att, att_off, tt * tt, att_buf->as<float>());
-      const std::int64_t out_off = b * tt * d.c + h * d.hd;
-      const float* g = dout_buf ? dout_buf->as<float>() : dout.as<float>() + out_off;
-      const std::int64_t ldg = dout_buf ? hd : d.c;
-      if (dout_buf)
-        for (std::int64_t t = 0; t < tt; ++t)
-          read_f32(dout, out_off + t * d.c, hd, dout_buf->as<float>() + t * hd);
-      const std::int64_t dq_off = b * tt * 3 * d.c + h * hd;
-      float* dq = dqkv_buf ? dqkv_buf->as<float>() : dqkv.as<float>() + dq_off;
-      float* dk = dqkv_buf ? dq + tt * hd : dq + d.c;
-      float* dv = dqkv_buf ? dq + 2 * tt * hd : dq + 2 * d.c;
-      const std::int64_t ldd = dqkv_buf ? hd : 3 * d.c;
-      const std::int64_t dp_off = h * tt * tt;
-      float* ds = ds_buf ? ds_buf->as<float>() : dp.as<float>() + dp_off;
-      sgemm(true, false, tt, hd, tt, 1.0f, p, tt, g, ldg, 0.0f, dv, ldd);     // dV = Pᵀ·dO
-      sgemm(false, true, tt, tt, hd, 1.0f, g, ldg, s.v, s.ld, 0.0f, ds, tt);  // dP = dO·Vᵀ
-      round_to(dt, ds, tt * tt);
-      // Softmax backward per row: dS = P ⊙ (dP − Σ_j P·dP); masked entries have P = 0.
-      for (std::int64_t t = 0; t < tt; ++t) {
-        const float* pr = p + t * tt;
-        float* dr = ds + t * tt;
-        float dot = 0.0f;
-        for (std::int64_t j = 0; j <= t; ++j) dot += pr[j] * dr[j];
-        for (std::int64_t j = 0; j <= t; ++j) dr[j] = pr[j] * (dr[j] - dot);
-        std::fill(dr + t + 1, dr + tt, 0.0f);
-      }
-      if (ds_buf) {  // dS lives in dP (qkv's dtype) between the two kernels on CUDA
-        write_f32(dp, dp_off, tt * tt, ds);
-        read_f32(dp, dp_off, tt * tt, ds);
-      }
-      sgemm(false, false, tt, hd, tt, scale, ds, tt, s.k, s.ld, 0.0f, dq, ldd);  // dQ = s·dS·K
-      sgemm(true, false, tt, hd, tt, scale, ds, tt, s.q, s.ld, 0.0f, dk, ldd);   // dK = s·dSᵀ·Q
-      if (dqkv_buf)
-        for (std::int64_t t = 0; t < tt; ++t)
-          for (std::int64_t part = 0; part < 3; ++part)
-            write_f32(dqkv, dq_off + t * 3 * d.c + part * d.c, hd,
-                      dqkv_buf->as<float>() + (part * tt + t) * hd);
+    if (parallel) {
+#pragma omp parallel for schedule(static)
+      for (std::int64_t h = 0; h < d.nh; ++h) slice(b, h);
+    } else {
+      for (std::int64_t h = 0; h < d.nh; ++h) slice(b, h);
     }
   }
 }

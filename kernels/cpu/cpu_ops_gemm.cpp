@@ -77,6 +77,15 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
 #endif
 }
 
+bool sgemm_nests() {
+#ifdef MEMTRADE_HAVE_OPENBLAS
+  static const bool ok = openblas_get_parallel() != OPENBLAS_THREAD;
+  return ok;
+#else
+  return true;  // blocked_sgemm's own parallel for is then nested: one thread
+#endif
+}
+
 namespace {
 
 // N of an (..., C) input: the product of its leading dims (not numel / C, which divides by zero

@@ -87,10 +87,14 @@ void for_chunks(std::int64_t n, F&& f) {
 
 // ---- GEMM ---------------------------------------------------------------------------------------
 // Row-major C (M, N) = alpha · op(A) · op(B) + beta · C with leading dimensions as in cblas.
-// OpenBLAS when available, else blocked_sgemm. Must not be called inside a parallel region.
+// OpenBLAS when available, else blocked_sgemm. Inside a parallel region only if sgemm_nests().
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
            const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
            std::int64_t ldc);
+// Whether sgemm may run inside an OpenMP parallel region, one call per thread: yes for the
+// OpenMP (or sequential) OpenBLAS and for blocked_sgemm, which then run single-threaded; no for
+// the pthreads OpenBLAS, whose pool would fight ours.
+bool sgemm_nests();
 // The portable fallback (always compiled so that tests cover it): cache-blocked, OpenMP over
 // row blocks.
 void blocked_sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,

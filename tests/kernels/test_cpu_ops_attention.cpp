@@ -65,6 +65,40 @@ TEST_F(OpsTest, AttentionLongerSequence) {
   expect_close(get(out), ref_attention(to_d(qkv), b, t, c, nh), 1e-6, 1e-5, "attention T=40");
 }
 
+// T·T·hd = 2^18: the slices run one per thread. Forward against the double reference;
+// backward bit for bit against each head run on its own (NH = 1), so that a race between
+// heads (dP slices, interleaved dqkv columns) cannot hide in a tolerance.
+TEST_F(OpsTest, AttentionSlicesInParallelMatchOneHeadAtATime) {
+  const int b = 2, t = 64, c = 128, nh = 2, hd = c / nh;
+  auto qkv = rand_vec(b * t * 3 * c, 5, 1.0f), r = rand_vec(b * t * c, 6);
+  Tensor tq = make({b, t, 3 * c}, qkv), out = garbage({b, t, c}), att = garbage({b, nh, t, t});
+  ops().attention_forward(out, att, tq, nh);
+  expect_close(get(out), ref_attention(to_d(qkv), b, t, c, nh), 1e-6, 1e-5, "attention out");
+  Tensor dout = make({b, t, c}, r), dqkv = garbage({b, t, 3 * c});
+  ops().attention_backward(dqkv, dout, tq, att, nh);
+  const std::vector<float> got = get(dqkv);
+  for (int h = 0; h < nh; ++h) {
+    std::vector<float> q1(b * t * 3 * hd), r1(b * t * hd);
+    for (int bt = 0; bt < b * t; ++bt) {
+      for (int part = 0; part < 3; ++part)
+        for (int i = 0; i < hd; ++i)
+          q1[(bt * 3 + part) * hd + i] = qkv[(bt * 3 + part) * c + h * hd + i];
+      for (int i = 0; i < hd; ++i) r1[bt * hd + i] = r[bt * c + h * hd + i];
+    }
+    Tensor tq1 = make({b, t, 3 * hd}, q1), out1 = garbage({b, t, hd}), att1 = garbage({b, 1, t, t}),
+           dqkv1 = garbage({b, t, 3 * hd});
+    ops().attention_forward(out1, att1, tq1, 1);
+    ops().attention_backward(dqkv1, make({b, t, hd}, r1), tq1, att1, 1);
+    const std::vector<float> want = get(dqkv1);
+    int bad = 0;
+    for (int bt = 0; bt < b * t; ++bt)
+      for (int part = 0; part < 3; ++part)
+        for (int i = 0; i < hd; ++i)
+          bad += got[(bt * 3 + part) * c + h * hd + i] != want[(bt * 3 + part) * hd + i];
+    EXPECT_EQ(bad, 0) << "head " << h << ": elements that differ from the head run alone";
+  }
+}
+
 TEST_F(OpsTest, AttentionRejectsBadShapes) {
   Tensor tq = zeros({2, 5, 24}), out = zeros({2, 5, 8}), att = zeros({2, 2, 5, 5});
   EXPECT_THROW(ops().attention_forward(out, att, tq, 3), std::invalid_argument);  // 8 % 3
