@@ -4,6 +4,10 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/cpu/cpu_ops_impl.h"
 
 namespace memtrade {
@@ -39,6 +43,42 @@ void check_same_numel(std::string_view op, const Tensor& a, const Tensor& b) {
 
 namespace {
 
+// fp16 <-> fp32 with the x86 F16C instructions, 8 values at a time: IEEE round to nearest
+// even with subnormals, the same values as dtype.h's software conversion (NaN payloads aside),
+// several times faster; chosen at run time, so the binary still runs on CPUs without F16C.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+bool has_f16c() {
+  static const bool ok = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return ok;
+}
+
+__attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const std::uint16_t* s, std::int64_t n,
+                                                         float* d) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) d[i] = f16_to_float(s[i]);
+}
+
+__attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* s, std::int64_t n,
+                                                         std::uint16_t* d) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), h);
+  }
+  for (; i < n; ++i) d[i] = float_to_f16(s[i]);
+}
+#else
+bool has_f16c() {
+  return false;
+}
+void f16_to_f32_f16c(const std::uint16_t*, std::int64_t, float*) {}
+void f32_to_f16_f16c(const float*, std::int64_t, std::uint16_t*) {}
+#endif
+
 // Serial conversions of one span; the switch is hoisted out of the element loop.
 void to_f32_serial(const void* src, DType t, std::int64_t n, float* dst) {
   switch (t) {
@@ -52,6 +92,10 @@ void to_f32_serial(const void* src, DType t, std::int64_t n, float* dst) {
     }
     case DType::F16: {
       const auto* s = static_cast<const std::uint16_t*>(src);
+      if (has_f16c()) {
+        f16_to_f32_f16c(s, n, dst);
+        break;
+      }
       for (std::int64_t i = 0; i < n; ++i) dst[i] = f16_to_float(s[i]);
       break;
     }
@@ -75,6 +119,10 @@ void from_f32_serial(const float* src, DType t, std::int64_t n, void* dst) {
     }
     case DType::F16: {
       auto* d = static_cast<std::uint16_t*>(dst);
+      if (has_f16c()) {
+        f32_to_f16_f16c(src, n, d);
+        break;
+      }
       for (std::int64_t i = 0; i < n; ++i) d[i] = float_to_f16(src[i]);
       break;
     }

@@ -13,9 +13,9 @@
 //
 // The scratch contract shared with the CUDA backend (kernels/cuda/cuda_ops_attention.cpp):
 // forward and probs allocate no temporaries; backward allocates dP (NH, T, T) in qkv's dtype
-// (Category::temporaries) once and reuses it for every sequence. Like CUDA, the GEMMs' results
-// are rounded to qkv's dtype where CUDA's GEMMs write them in it (the scaled scores and dP),
-// and dS is stored in dP, so both backends round at the same places.
+// (Category::temporaries) once and reuses it for every sequence. The scaled scores, the
+// probabilities, dP and dS are rounded to qkv's dtype where CUDA writes them in it, so both
+// backends round at the same places.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -73,8 +73,16 @@ std::optional<Tensor> scratch_if(bool need, CachingAllocator& alloc, Shape shape
 // Rounds n fp32 values to dtype t in place (no-op for F32), as a GEMM writing t would.
 void round_to(DType t, float* p, std::int64_t n) {
   if (t == DType::F32) return;
-  for (std::int64_t i = 0; i < n; ++i)
-    p[i] = t == DType::BF16 ? bf16_to_float(float_to_bf16(p[i])) : f16_to_float(float_to_f16(p[i]));
+  if (t == DType::BF16) {  // bit operations the compiler vectorises in place
+    for (std::int64_t i = 0; i < n; ++i) p[i] = bf16_to_float(float_to_bf16(p[i]));
+    return;
+  }
+  std::uint16_t half[kChunk];  // fp16 through the bulk conversions (F16C where the CPU has it)
+  for (std::int64_t o = 0; o < n; o += kChunk) {
+    const std::int64_t len = std::min(kChunk, n - o);
+    convert_from_f32(p + o, t, len, half);
+    convert_to_f32(half, t, len, p + o);
+  }
 }
 
 // att (B, NH, T, T) = causal softmax(scale · q·kᵀ), and optionally out (B, T, C) = att · v.
@@ -196,10 +204,10 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
       for (std::int64_t j = 0; j <= t; ++j) dr[j] = pr[j] * (dr[j] - dot);
       std::fill(dr + t + 1, dr + tt, 0.0f);
     }
-    if (ds_buf) {  // dS lives in dP (qkv's dtype) between the two kernels on CUDA
-      write_f32(dp, dp_off, tt * tt, ds);
-      read_f32(dp, dp_off, tt * tt, ds);
-    }
+    // CUDA keeps dS in dP, in qkv's dtype, for the next two GEMMs: round as it does. (For
+    // 16-bit qkv the CPU computes in fp32 scratch, and dP is held only for the shared memory
+    // figures: the CPU gate speaks for the GPU.)
+    round_to(dt, ds, tt * tt);
     sgemm(false, false, tt, hd, tt, scale, ds, tt, s.k, s.ld, 0.0f, dq, ldd);  // dQ = s·dS·K
     sgemm(true, false, tt, hd, tt, scale, ds, tt, s.q, s.ld, 0.0f, dk, ldd);   // dK = s·dSᵀ·Q
     if (dqkv_buf)

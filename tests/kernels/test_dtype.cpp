@@ -3,9 +3,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "kernels/cpu/cpu_ops_impl.h"
 #include "kernels/dtype.h"
 
 namespace memtrade {
@@ -108,4 +111,43 @@ TEST(DType, LoadStoreByDtype) {
 }
 
 }  // namespace
+// The bulk conversions of the CPU backend (F16C vectors where the CPU has them, in chunks of 8
+// with a scalar tail) give exactly dtype.h's values: every one of the 65536 fp16 patterns, and
+// fp32 values around every rounding boundary, subnormals, overflow and infinities.
+TEST(DtypeBulk, F16ConversionsEqualTheScalarOnes) {
+  std::vector<std::uint16_t> all(65536);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i);
+  std::vector<float> wide(all.size());
+  cpu::convert_to_f32(all.data(), DType::F16, static_cast<std::int64_t>(all.size()), wide.data());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const float want = f16_to_float(all[i]);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(wide[i])) << i;
+    } else {
+      EXPECT_EQ(detail::bits_of(wide[i]), detail::bits_of(want)) << i;
+    }
+  }
+  std::vector<float> xs;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  for (int i = 0; i < 200000; ++i) xs.push_back(detail::float_of(bits(rng)));
+  for (float v : wide)  // each fp16 value, and the midpoints and neighbours around it
+    for (float d : {0.0f, 1.0f, -1.0f}) xs.push_back(std::nextafter(v, v + d));
+  for (std::size_t i = 0; i + 1 < wide.size(); ++i) xs.push_back(0.5f * (wide[i] + wide[i + 1]));
+  for (float v : {65504.0f, 65519.99f, 65520.0f, 1e9f, 6e-8f, 3e-8f, 1e-45f})
+    for (float sgn : {1.0f, -1.0f}) xs.push_back(sgn * v);
+  std::vector<std::uint16_t> narrow(xs.size());
+  cpu::convert_from_f32(xs.data(), DType::F16, static_cast<std::int64_t>(xs.size()), narrow.data());
+  int bad = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (std::isnan(xs[i])) {
+      bad += !std::isnan(f16_to_float(narrow[i]));
+      continue;
+    }
+    if (narrow[i] != float_to_f16(xs[i]) && ++bad <= 5)
+      ADD_FAILURE() << xs[i] << ": bulk " << narrow[i] << ", scalar " << float_to_f16(xs[i]);
+  }
+  EXPECT_EQ(bad, 0) << "of " << xs.size();
+}
+
 }  // namespace memtrade
