@@ -112,7 +112,11 @@ int cmd_run(CLI::App& cmd, RunFlags& f) {
     // The grid's own [run] backend, read before expansion decides backend-specific excludes.
     requested = load_grid(f.grid, "").run.backend;
   }
-  auto [backend, device_name] = resolve_backend(requested, f.knobs.threads);
+  // Listing needs the backend's name (its excludes shape the grid), not a usable device: a
+  // CUDA grid's points can be listed (and sharded) on a machine without a GPU.
+  auto [backend, device_name] = f.list && (requested == "cuda" || requested == "cpu")
+                                    ? std::pair<std::string, std::string>{requested, ""}
+                                    : resolve_backend(requested, f.knobs.threads);
   Grid g = grid_for(cmd, f, backend);
   select_points(g, f);
   if (f.list) {

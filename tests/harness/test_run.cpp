@@ -3,6 +3,7 @@
 // with the memory model's prediction next to every measurement.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <map>
@@ -14,6 +15,7 @@
 
 #include "fixtures/gate_fixtures.h"
 #include "harness/grid.h"
+#include "kernels/cuda_probe.h"
 
 namespace memtrade {
 namespace {
@@ -164,6 +166,23 @@ TEST(Run, InterruptThenResumeRunsEveryPointExactlyOnce) {
   write_file(dir.file("other.toml"), "[axes]\nbatch_size = [3]\n");
   EXPECT_EQ(run_cli("run --grid " + dir.file("other.toml") + " --resume --quiet --out " + out).rc,
             2);
+}
+
+// A CUDA grid's points are listed (and sharded) without a usable device: a cluster's login
+// node plans the shards of GPU jobs. Running it without one is still bad input.
+TEST(Run, ListsACudaGridWithoutADevice) {
+  const std::string grid = std::string(MEMTRADE_SOURCE_DIR) + "/ci/grids/gpu-check.toml";
+  CliResult all = run_cli("run --grid " + grid + " --list");
+  ASSERT_EQ(all.rc, 0) << all.err;
+  EXPECT_EQ(std::count(all.out.begin(), all.out.end(), '\n'), 9) << all.out;
+  EXPECT_NE(all.out.find("gpt2-124m/b8/a1/tf32/"), std::string::npos) << all.out;  // kept on cuda
+  CliResult shard = run_cli("run --grid " + grid + " --list --shard 1/3");
+  ASSERT_EQ(shard.rc, 0) << shard.err;
+  EXPECT_EQ(std::count(shard.out.begin(), shard.out.end(), '\n'), 3) << shard.out;
+  if (!probe_cuda().usable) {
+    CliResult run = run_cli("run --grid " + grid + " --quiet --out /dev/null");
+    EXPECT_EQ(run.rc, 2) << run.out << run.err;
+  }
 }
 
 TEST(Run, ShardsMergeIntoTheSingleMachineRun) {
