@@ -17,7 +17,57 @@ using gputest::CudaVsCpuDtype;
 using gputest::Pair;
 using gputest::Tol;
 
-class CudaCnn : public CudaVsCpuDtype {};
+class CudaCnn : public CudaVsCpuDtype {
+ protected:
+  // One batch-norm problem, the same on both backends.
+  struct Bn {
+    Pair inp, gamma, beta, rm, rv, out, mean, invstd, dout, dinp;
+  };
+  Bn bn(const Shape& s, std::uint32_t seed) {
+    const DType t = GetParam();
+    const std::int64_t c = s[1];
+    return {rand(s, t, seed, -1.0f, 3.0f),
+            rand({c}, t, seed + 1, 0.5f, 1.5f, Category::params),
+            rand({c}, DType::F32, seed + 2, -0.5f, 0.5f, Category::params),
+            rand({c}, DType::F32, seed + 3, -0.1f, 0.1f, Category::params),
+            rand({c}, DType::F32, seed + 4, 0.9f, 1.1f, Category::params),
+            full(s, t, 0.0f),
+            full({c}, DType::F32, 0.0f),
+            full({c}, DType::F32, 0.0f),
+            rand(s, t, seed + 5),
+            full(s, t, 0.0f)};
+  }
+  // Training forward with running statistics on both, compared.
+  void bn_forward(Bn& b, const std::string& what) {
+    cpu_ops().batchnorm_forward(b.out.cpu, b.mean.cpu, b.invstd.cpu, b.inp.cpu, b.gamma.cpu,
+                                b.beta.cpu, &b.rm.cpu, &b.rv.cpu, 1e-5f, 0.1f);
+    gpu_ops().batchnorm_forward(b.out.gpu, b.mean.gpu, b.invstd.gpu, b.inp.gpu, b.gamma.gpu,
+                                b.beta.gpu, &b.rm.gpu, &b.rv.gpu, 1e-5f, 0.1f);
+    expect_close(b.out, Tol{1e-5f, 0, 2.5f}, what + " out");
+    expect_close(b.mean, Tol{1e-7f, 0, 2}, what + " mean");
+    expect_close(b.invstd, Tol{0, 0, 2}, what + " invstd");
+    expect_close(b.rm, Tol{1e-7f, 0, 2}, what + " running_mean");
+    expect_close(b.rv, Tol{1e-7f, 0, 2}, what + " running_var (unbiased)");
+  }
+  // Backward with parameter grads of the input's dtype and of F32, assigned and accumulated.
+  void bn_backward(Bn& b, std::uint32_t seed, const std::string& what) {
+    const std::int64_t c = b.gamma.cpu.numel();
+    for (DType gt : {GetParam(), DType::F32}) {
+      Pair dg = rand({c}, gt, seed, -1.0f, 1.0f, Category::grads);
+      Pair dbt = rand({c}, gt, seed + 1, -1.0f, 1.0f, Category::grads);
+      for (bool acc : {false, true}) {
+        cpu_ops().batchnorm_backward(b.dinp.cpu, &dg.cpu, &dbt.cpu, b.dout.cpu, b.inp.cpu,
+                                     b.gamma.cpu, b.mean.cpu, b.invstd.cpu, acc);
+        gpu_ops().batchnorm_backward(b.dinp.gpu, &dg.gpu, &dbt.gpu, b.dout.gpu, b.inp.gpu,
+                                     b.gamma.gpu, b.mean.gpu, b.invstd.gpu, acc);
+        const std::string tag = gputest::cat(" grads ", dtype_name(gt), acc ? " acc" : "");
+        expect_close(b.dinp, Tol{2e-5f, 0, 3}, gputest::cat(what, " dinp", tag));
+        expect_close(dg, Tol{1e-5f, 0, 2.5f}, gputest::cat(what, " dgamma", tag));
+        expect_close(dbt, Tol{1e-5f, 0, 2.5f}, gputest::cat(what, " dbeta", tag));
+      }
+    }
+  }
+};
 
 struct ConvCase {
   std::int64_t n, ci, h, w, co, k;
@@ -85,43 +135,17 @@ TEST_P(CudaCnn, Conv2dForwardBackward) {
 
 TEST_P(CudaCnn, BatchnormForwardBackward) {
   const DType t = GetParam();
-  const std::int64_t n = 4, c = 6, h = 7, w = 9;
-  Pair inp = rand({n, c, h, w}, t, 20, -1.0f, 3.0f);
-  Pair gamma = rand({c}, t, 21, 0.5f, 1.5f, Category::params);
-  Pair beta = rand({c}, DType::F32, 22, -0.5f, 0.5f, Category::params);
-  Pair rm = rand({c}, DType::F32, 23, -0.1f, 0.1f, Category::params);
-  Pair rv = rand({c}, DType::F32, 24, 0.9f, 1.1f, Category::params);
-  Pair out = full({n, c, h, w}, t, 0.0f);
-  Pair mean = full({c}, DType::F32, 0.0f);
-  Pair invstd = full({c}, DType::F32, 0.0f);
-  for (int step = 0; step < 2; ++step) {
-    cpu_ops().batchnorm_forward(out.cpu, mean.cpu, invstd.cpu, inp.cpu, gamma.cpu, beta.cpu,
-                                &rm.cpu, &rv.cpu, 1e-5f, 0.1f);
-    gpu_ops().batchnorm_forward(out.gpu, mean.gpu, invstd.gpu, inp.gpu, gamma.gpu, beta.gpu,
-                                &rm.gpu, &rv.gpu, 1e-5f, 0.1f);
-  }
-  expect_close(out, Tol{1e-5f, 0, 2.5f}, "batchnorm out");
-  expect_close(mean, Tol{1e-7f, 0, 2}, "batchnorm mean");
-  expect_close(invstd, Tol{0, 0, 2}, "batchnorm invstd");
-  expect_close(rm, Tol{1e-7f, 0, 2}, "running_mean");
-  expect_close(rv, Tol{1e-7f, 0, 2}, "running_var (unbiased)");
-
-  Pair dout = rand({n, c, h, w}, t, 25);
-  Pair dinp = full({n, c, h, w}, t, 0.0f);
-  for (DType gt : {t, DType::F32}) {
-    Pair dg = rand({c}, gt, 26, -1.0f, 1.0f, Category::grads);
-    Pair dbt = rand({c}, gt, 27, -1.0f, 1.0f, Category::grads);
-    for (bool acc : {false, true}) {
-      cpu_ops().batchnorm_backward(dinp.cpu, &dg.cpu, &dbt.cpu, dout.cpu, inp.cpu, gamma.cpu,
-                                   mean.cpu, invstd.cpu, acc);
-      gpu_ops().batchnorm_backward(dinp.gpu, &dg.gpu, &dbt.gpu, dout.gpu, inp.gpu, gamma.gpu,
-                                   mean.gpu, invstd.gpu, acc);
-      const std::string tag = gputest::cat(" grads ", dtype_name(gt), acc ? " acc" : "");
-      expect_close(dinp, Tol{2e-5f, 0, 3}, gputest::cat("batchnorm dinp", tag));
-      expect_close(dg, Tol{1e-5f, 0, 2.5f}, gputest::cat("batchnorm dgamma", tag));
-      expect_close(dbt, Tol{1e-5f, 0, 2.5f}, gputest::cat("batchnorm dbeta", tag));
-    }
-  }
+  const std::int64_t c = 6;
+  Bn b = bn({4, c, 7, 9}, 20);
+  bn_forward(b, "batchnorm");
+  bn_forward(b, "batchnorm, second step");  // running statistics move again
+  bn_backward(b, 26, "batchnorm");
+  Pair& out = b.out;
+  Pair& mean = b.mean;
+  Pair& invstd = b.invstd;
+  Pair& inp = b.inp;
+  Pair& gamma = b.gamma;
+  Pair& beta = b.beta;
   // Without running statistics, and rejecting a single value per channel.
   cpu_ops().batchnorm_forward(out.cpu, mean.cpu, invstd.cpu, inp.cpu, gamma.cpu, beta.cpu, nullptr,
                               nullptr, 1e-5f, 0.1f);
@@ -188,50 +212,17 @@ TEST_P(CudaCnn, BatchnormSplitChannelsMatchAndRepeat) {
   // Few channels with many values each: every channel is split over several blocks (partials in
   // the small scratch, summed in a fixed order). Same results as the CPU, and bit-identical from
   // run to run. hw = 1600 is no multiple of the block size: the per-thread cursor wraps rows.
-  const DType t = GetParam();
-  const std::int64_t n = 16, c = 4, h = 40, w = 40;
-  Pair inp = rand({n, c, h, w}, t, 80, -1.0f, 3.0f);
-  Pair gamma = rand({c}, t, 81, 0.5f, 1.5f, Category::params);
-  Pair beta = rand({c}, DType::F32, 82, -0.5f, 0.5f, Category::params);
-  Pair rm = rand({c}, DType::F32, 83, -0.1f, 0.1f, Category::params);
-  Pair rv = rand({c}, DType::F32, 84, 0.9f, 1.1f, Category::params);
-  Pair out = full({n, c, h, w}, t, 0.0f);
-  Pair mean = full({c}, DType::F32, 0.0f);
-  Pair invstd = full({c}, DType::F32, 0.0f);
-  cpu_ops().batchnorm_forward(out.cpu, mean.cpu, invstd.cpu, inp.cpu, gamma.cpu, beta.cpu, &rm.cpu,
-                              &rv.cpu, 1e-5f, 0.1f);
-  gpu_ops().batchnorm_forward(out.gpu, mean.gpu, invstd.gpu, inp.gpu, gamma.gpu, beta.gpu, &rm.gpu,
-                              &rv.gpu, 1e-5f, 0.1f);
-  expect_close(out, Tol{1e-5f, 0, 2.5f}, "split batchnorm out");
-  expect_close(mean, Tol{1e-7f, 0, 2}, "split batchnorm mean");
-  expect_close(invstd, Tol{0, 0, 2}, "split batchnorm invstd");
-  expect_close(rm, Tol{1e-7f, 0, 2}, "split running_mean");
-  expect_close(rv, Tol{1e-7f, 0, 2}, "split running_var");
-  const std::vector<float> first = gpu_->to_host_f32(out.gpu);
-  gpu_ops().batchnorm_forward(out.gpu, mean.gpu, invstd.gpu, inp.gpu, gamma.gpu, beta.gpu, nullptr,
-                              nullptr, 1e-5f, 0.1f);
-  EXPECT_EQ(gpu_->to_host_f32(out.gpu), first) << "split batchnorm forward is not repeatable";
-
-  Pair dout = rand({n, c, h, w}, t, 85);
-  Pair dinp = full({n, c, h, w}, t, 0.0f);
-  for (DType gt : {t, DType::F32}) {
-    Pair dg = rand({c}, gt, 86, -1.0f, 1.0f, Category::grads);
-    Pair dbt = rand({c}, gt, 87, -1.0f, 1.0f, Category::grads);
-    for (bool acc : {false, true}) {
-      cpu_ops().batchnorm_backward(dinp.cpu, &dg.cpu, &dbt.cpu, dout.cpu, inp.cpu, gamma.cpu,
-                                   mean.cpu, invstd.cpu, acc);
-      gpu_ops().batchnorm_backward(dinp.gpu, &dg.gpu, &dbt.gpu, dout.gpu, inp.gpu, gamma.gpu,
-                                   mean.gpu, invstd.gpu, acc);
-      const std::string tag = gputest::cat(" grads ", dtype_name(gt), acc ? " acc" : "");
-      expect_close(dinp, Tol{2e-5f, 0, 3}, gputest::cat("split batchnorm dinp", tag));
-      expect_close(dg, Tol{1e-5f, 0, 2.5f}, gputest::cat("split batchnorm dgamma", tag));
-      expect_close(dbt, Tol{1e-5f, 0, 2.5f}, gputest::cat("split batchnorm dbeta", tag));
-    }
-  }
-  const std::vector<float> dx = gpu_->to_host_f32(dinp.gpu);
-  gpu_ops().batchnorm_backward(dinp.gpu, nullptr, nullptr, dout.gpu, inp.gpu, gamma.gpu, mean.gpu,
-                               invstd.gpu, false);
-  EXPECT_EQ(gpu_->to_host_f32(dinp.gpu), dx) << "split batchnorm backward is not repeatable";
+  Bn b = bn({16, 4, 40, 40}, 80);
+  bn_forward(b, "split batchnorm");
+  const std::vector<float> first = gpu_->to_host_f32(b.out.gpu);
+  gpu_ops().batchnorm_forward(b.out.gpu, b.mean.gpu, b.invstd.gpu, b.inp.gpu, b.gamma.gpu,
+                              b.beta.gpu, nullptr, nullptr, 1e-5f, 0.1f);
+  EXPECT_EQ(gpu_->to_host_f32(b.out.gpu), first) << "split batchnorm forward is not repeatable";
+  bn_backward(b, 86, "split batchnorm");
+  const std::vector<float> dx = gpu_->to_host_f32(b.dinp.gpu);
+  gpu_ops().batchnorm_backward(b.dinp.gpu, nullptr, nullptr, b.dout.gpu, b.inp.gpu, b.gamma.gpu,
+                               b.mean.gpu, b.invstd.gpu, false);
+  EXPECT_EQ(gpu_->to_host_f32(b.dinp.gpu), dx) << "split batchnorm backward is not repeatable";
 }
 
 TEST_P(CudaCnn, ReluPropagatesNaN) {
