@@ -18,29 +18,6 @@ std::unique_ptr<Ops> make_cpu_ops() {
 
 namespace cpu {
 
-void check_float(std::string_view op, std::string_view name, const Tensor& t) {
-  if (!t.defined()) fail(op, "{} is undefined", name);
-  if (t.dtype() == DType::I32)
-    fail(op, "{} {} must be a float tensor (f32, f16 or bf16), got i32", name,
-         shape_str(t.shape()));
-}
-
-void check_i32(std::string_view op, std::string_view name, const Tensor& t) {
-  if (!t.defined()) fail(op, "{} is undefined", name);
-  if (t.dtype() != DType::I32)
-    fail(op, "{} {} must be i32, got {}", name, shape_str(t.shape()), dtype_name(t.dtype()));
-}
-
-void check_shape(std::string_view op, std::string_view name, const Tensor& t, const Shape& shape) {
-  if (t.shape() != shape)
-    fail(op, "{} has shape {}, expected {}", name, shape_str(t.shape()), shape_str(shape));
-}
-
-void check_same_numel(std::string_view op, const Tensor& a, const Tensor& b) {
-  if (a.numel() != b.numel())
-    fail(op, "element counts differ: {} vs {}", shape_str(a.shape()), shape_str(b.shape()));
-}
-
 namespace {
 
 // fp16 <-> fp32 with the x86 F16C instructions, 8 values at a time: IEEE round to nearest

@@ -25,24 +25,13 @@
 namespace memtrade::cpu {
 namespace {
 
-struct Dims {
-  std::int64_t b, t, c, nh, hd;
-};
+using Dims = AttentionDims;  // kernels/op_checks.h
 
 // Slices one per thread only when a slice's GEMMs (T·T·hd multiply-adds each) outweigh waking
 // the pool: measured side by side on 2 cores, T = 32, hd = 32 (gpt-tiny) went 16% slower in
 // parallel, T = 64 (gpt-mini) broke even, T = 256, hd = 64 (gpt-small) 11% faster.
 bool slices_in_parallel(const Dims& d) {
   return d.t * d.t * d.hd >= (std::int64_t{1} << 18) && sgemm_nests();
-}
-
-Dims check_qkv(std::string_view op, const Tensor& qkv, int n_head) {
-  check_float(op, "qkv", qkv);
-  if (qkv.ndim() != 3 || qkv.dim(2) % 3 != 0 || n_head < 1 || (qkv.dim(2) / 3) % n_head != 0)
-    fail(op, "qkv {} must be (B, T, 3C) with C divisible by n_head = {}", shape_str(qkv.shape()),
-         n_head);
-  const std::int64_t c = qkv.dim(2) / 3;
-  return {qkv.dim(0), qkv.dim(1), c, n_head, c / n_head};
 }
 
 // fp32 pointers to q, k, v of one (b, h) slice: into qkv when F32, else converted into `buf`
@@ -87,13 +76,7 @@ void round_to(DType t, float* p, std::int64_t n) {
 
 // att (B, NH, T, T) = causal softmax(scale · q·kᵀ), and optionally out (B, T, C) = att · v.
 void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, std::string_view op) {
-  const Dims d = check_qkv(op, qkv, n_head);
-  check_float(op, "att", att);
-  check_shape(op, "att", att, {d.b, d.nh, d.t, d.t});
-  if (out) {
-    check_float(op, "out", *out);
-    check_shape(op, "out", *out, {d.b, d.t, d.c});
-  }
+  const Dims d = check_attention_forward(op, out, att, qkv, n_head);
   CachingAllocator& alloc = *(out ? out : &att)->allocator();
   auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, d.t, d.hd});
   auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {d.t, d.t});
@@ -154,14 +137,7 @@ void CpuOps::attention_probs(Tensor& att, const Tensor& qkv, int n_head) {
 
 void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                 const Tensor& att, int n_head) {
-  constexpr std::string_view op = "attention_backward";
-  const Dims d = check_qkv(op, qkv, n_head);
-  check_float(op, "dqkv", dqkv);
-  check_float(op, "dout", dout);
-  check_float(op, "att", att);
-  check_shape(op, "dqkv", dqkv, qkv.shape());
-  check_shape(op, "dout", dout, {d.b, d.t, d.c});
-  check_shape(op, "att", att, {d.b, d.nh, d.t, d.t});
+  const Dims d = check_attention_backward(dqkv, dout, qkv, att, n_head);
   CachingAllocator& alloc = *dqkv.allocator();
   const std::int64_t tt = d.t, hd = d.hd;
   const DType dt = qkv.dtype();

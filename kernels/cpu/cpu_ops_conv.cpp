@@ -11,31 +11,6 @@
 namespace memtrade::cpu {
 namespace {
 
-struct ConvDims {
-  std::int64_t n, ci, h, w, co, kh, kw, oh, ow, stride, pad;
-  std::int64_t k() const { return ci * kh * kw; }
-  std::int64_t p() const { return oh * ow; }
-};
-
-ConvDims check_conv(std::string_view op, const Tensor& inp, const Tensor& weight, int stride,
-                    int pad) {
-  check_float(op, "inp", inp);
-  check_float(op, "weight", weight);
-  if (inp.ndim() != 4 || weight.ndim() != 4 || weight.dim(1) != inp.dim(1))
-    fail(op, "inp {} must be (N, Ci, H, W) and weight {} (Co, Ci, KH, KW)", shape_str(inp.shape()),
-         shape_str(weight.shape()));
-  if (stride < 1 || pad < 0) fail(op, "stride {} must be >= 1 and pad {} >= 0", stride, pad);
-  ConvDims d{
-      inp.dim(0), inp.dim(1), inp.dim(2), inp.dim(3), weight.dim(0), weight.dim(2), weight.dim(3),
-      0,          0,          stride,     pad};
-  if (d.h + 2 * pad < d.kh || d.w + 2 * pad < d.kw)
-    fail(op, "kernel {} larger than the padded input {}", shape_str(weight.shape()),
-         shape_str(inp.shape()));
-  d.oh = (d.h + 2 * pad - d.kh) / stride + 1;
-  d.ow = (d.w + 2 * pad - d.kw) / stride + 1;
-  return d;
-}
-
 // col (K, P) of image `img`: col[(ci, ky, kx), (oy, ox)] = inp[img, ci, oy·s − pad + ky, ...].
 void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, float* col) {
   const bool f32 = inp.dtype() == DType::F32;
@@ -87,14 +62,7 @@ std::optional<Tensor> scratch_if(bool need, CachingAllocator& alloc, Shape shape
 
 void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
                             const Tensor* bias, int stride, int pad) {
-  constexpr std::string_view op = "conv2d_forward";
-  const ConvDims d = check_conv(op, inp, weight, stride, pad);
-  check_float(op, "out", out);
-  check_shape(op, "out", out, {d.n, d.co, d.oh, d.ow});
-  if (bias) {
-    check_float(op, "bias", *bias);
-    check_shape(op, "bias", *bias, {d.co});
-  }
+  const ConvDims d = check_conv_forward(out, inp, weight, bias, stride, pad);
   CachingAllocator& alloc = *out.allocator();
   F32In w(weight, alloc);
   auto out_buf = scratch_if(out.dtype() != DType::F32, alloc, {d.co, d.p()});
@@ -117,22 +85,7 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
 void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
                              const Tensor& inp, const Tensor& weight, int stride, int pad,
                              bool accumulate) {
-  constexpr std::string_view op = "conv2d_backward";
-  const ConvDims d = check_conv(op, inp, weight, stride, pad);
-  check_float(op, "dout", dout);
-  check_shape(op, "dout", dout, {d.n, d.co, d.oh, d.ow});
-  if (dinp) {
-    check_float(op, "dinp", *dinp);
-    check_shape(op, "dinp", *dinp, inp.shape());
-  }
-  if (dweight) {
-    check_float(op, "dweight", *dweight);
-    check_shape(op, "dweight", *dweight, weight.shape());
-  }
-  if (dbias) {
-    check_float(op, "dbias", *dbias);
-    check_shape(op, "dbias", *dbias, {d.co});
-  }
+  const ConvDims d = check_conv_backward(dinp, dweight, dbias, dout, inp, weight, stride, pad);
   if (dbias) {  // Σ over images and pixels, one channel per thread
 #pragma omp parallel for schedule(static)
     for (std::int64_t o = 0; o < d.co; ++o) {

@@ -33,22 +33,6 @@ void map2(Tensor& out, const Tensor& a, const Tensor& b, F f) {
   });
 }
 
-void check_unary(std::string_view op, const Tensor& out, const Tensor& inp) {
-  check_float(op, "out", out);
-  check_float(op, "inp", inp);
-  if (out.shape() != inp.shape())
-    fail(op, "out {} and inp {} differ", shape_str(out.shape()), shape_str(inp.shape()));
-}
-
-void check_binary(std::string_view op, const Tensor& out, const Tensor& a, const Tensor& b) {
-  check_float(op, "out", out);
-  check_float(op, "a", a);
-  check_float(op, "b", b);
-  if (out.shape() != a.shape() || out.shape() != b.shape())
-    fail(op, "shapes differ: {}, {}, {}", shape_str(out.shape()), shape_str(a.shape()),
-         shape_str(b.shape()));
-}
-
 constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
 
 }  // namespace

@@ -86,37 +86,11 @@ bool sgemm_nests() {
 #endif
 }
 
-namespace {
-
-// N of an (..., C) input: the product of its leading dims (not numel / C, which divides by zero
-// when C == 0; an (N, 0) input still makes an (N, OC) output, the bias or zeros).
-std::int64_t leading_rows(const Tensor& t) {
-  std::int64_t rows = 1;
-  for (int i = 0; i + 1 < t.ndim(); ++i) rows *= t.dim(i);
-  return rows;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 void CpuOps::matmul(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                     float alpha, float beta) {
-  constexpr std::string_view op = "matmul";
-  check_float(op, "c", c);
-  check_float(op, "a", a);
-  check_float(op, "b", b);
-  const int nd = c.ndim();
-  if ((nd != 2 && nd != 3) || a.ndim() != nd || b.ndim() != nd)
-    fail(op, "c {}, a {}, b {} must all be 2-D or all 3-D", shape_str(c.shape()),
-         shape_str(a.shape()), shape_str(b.shape()));
-  const std::int64_t batch = nd == 3 ? c.dim(0) : 1;
-  const std::int64_t m = c.dim(-2), n = c.dim(-1);
-  const std::int64_t k = trans_a ? a.dim(-2) : a.dim(-1);
-  const std::int64_t am = trans_a ? a.dim(-1) : a.dim(-2);
-  const std::int64_t bk = trans_b ? b.dim(-1) : b.dim(-2);
-  const std::int64_t bn = trans_b ? b.dim(-2) : b.dim(-1);
-  if (am != m || bk != k || bn != n || (nd == 3 && (a.dim(0) != batch || b.dim(0) != batch)))
-    fail(op, "shapes do not match: c {} = a{} {} · b{} {}", shape_str(c.shape()),
-         trans_a ? "ᵀ" : "", shape_str(a.shape()), trans_b ? "ᵀ" : "", shape_str(b.shape()));
+  const auto [batch, m, n, k] = check_matmul(c, a, b, trans_a, trans_b);
   F32In a32(a, *c.allocator());
   F32In b32(b, *c.allocator());
   F32Out c32(c, beta != 0.0f);
@@ -128,24 +102,7 @@ void CpuOps::matmul(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, b
 
 void CpuOps::linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
                             const Tensor* bias) {
-  constexpr std::string_view op = "linear_forward";
-  check_float(op, "out", out);
-  check_float(op, "inp", inp);
-  check_float(op, "weight", weight);
-  if (weight.ndim() != 2 || inp.ndim() < 2)
-    fail(op, "weight {} must be (OC, C) and inp {} (N, C)", shape_str(weight.shape()),
-         shape_str(inp.shape()));
-  const std::int64_t oc = weight.dim(0), ch = weight.dim(1);
-  if (inp.dim(-1) != ch)
-    fail(op, "inp {} vs weight {}", shape_str(inp.shape()), shape_str(weight.shape()));
-  const std::int64_t rows = leading_rows(inp);
-  Shape out_shape = inp.shape();
-  out_shape.back() = oc;
-  check_shape(op, "out", out, out_shape);
-  if (bias) {
-    check_float(op, "bias", *bias);
-    check_shape(op, "bias", *bias, {oc});
-  }
+  const auto [rows, oc, ch] = check_linear_forward(out, inp, weight, bias);
   F32In x(inp, *out.allocator());
   F32In w(weight, *out.allocator());
   F32Out y(out, false);
@@ -169,29 +126,7 @@ void CpuOps::linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight
 
 void CpuOps::linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
                              const Tensor& inp, const Tensor& weight, bool accumulate) {
-  constexpr std::string_view op = "linear_backward";
-  check_float(op, "dout", dout);
-  check_float(op, "inp", inp);
-  check_float(op, "weight", weight);
-  if (weight.ndim() != 2 || inp.ndim() < 2 || inp.dim(-1) != weight.dim(1))
-    fail(op, "inp {} and weight {} do not match", shape_str(inp.shape()),
-         shape_str(weight.shape()));
-  const std::int64_t oc = weight.dim(0), ch = weight.dim(1), rows = leading_rows(inp);
-  Shape dout_shape = inp.shape();
-  dout_shape.back() = oc;
-  check_shape(op, "dout", dout, dout_shape);
-  if (dinp) {
-    check_float(op, "dinp", *dinp);
-    check_shape(op, "dinp", *dinp, inp.shape());
-  }
-  if (dweight) {
-    check_float(op, "dweight", *dweight);
-    check_shape(op, "dweight", *dweight, weight.shape());
-  }
-  if (dbias) {
-    check_float(op, "dbias", *dbias);
-    check_shape(op, "dbias", *dbias, {oc});
-  }
+  const auto [rows, oc, ch] = check_linear_backward(dinp, dweight, dbias, dout, inp, weight);
   if (dinp) {  // dinp (N, C) = dout (N, OC) · weight (OC, C)
     F32In g(dout, *dinp->allocator());
     F32In w(weight, *dinp->allocator());

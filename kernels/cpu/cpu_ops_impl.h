@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/op_checks.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
 
@@ -25,17 +26,11 @@ namespace memtrade::cpu {
 inline constexpr std::int64_t kChunk = 1024;
 
 // ---- validation ---------------------------------------------------------------------------------
+// The checks every backend shares are in kernels/op_checks.h; fail() formats the CPU's own.
 template <typename... Args>
 [[noreturn]] void fail(std::string_view op, fmt::format_string<Args...> f, Args&&... args) {
-  throw std::invalid_argument(
-      fmt::format("{}: {}", op, fmt::format(f, std::forward<Args>(args)...)));
+  throw_bad_op_argument(op, fmt::format(f, std::forward<Args>(args)...));
 }
-// Throws unless t is defined and of a float dtype (F32, F16, BF16).
-void check_float(std::string_view op, std::string_view name, const Tensor& t);
-void check_i32(std::string_view op, std::string_view name, const Tensor& t);
-// Throws unless t has exactly `shape`.
-void check_shape(std::string_view op, std::string_view name, const Tensor& t, const Shape& shape);
-void check_same_numel(std::string_view op, const Tensor& a, const Tensor& b);
 
 // ---- fp32 access to float tensors ---------------------------------------------------------------
 // n fp32 values of t from element `off`: a pointer into t when it is F32, else converted into buf.

@@ -15,34 +15,10 @@ void check_tokens(std::string_view op, const Tensor& tokens, std::int64_t vocab)
       fail(op, "token {} at {} out of range [0, {})", tk[i], i, vocab);
 }
 
-// Checks (B, T) tokens, (V, C) wte-like and (maxT, C) wpe-like tables against (B, T, C).
-void check_embedding_shapes(std::string_view op, const Tensor& bt_c, const Tensor& tokens,
-                            const Tensor* wte, const Tensor* wpe) {
-  if (tokens.ndim() != 2 || bt_c.ndim() != 3 || bt_c.dim(0) != tokens.dim(0) ||
-      bt_c.dim(1) != tokens.dim(1))
-    fail(op, "tokens {} must be (B, T) and activations {} (B, T, C)", shape_str(tokens.shape()),
-         shape_str(bt_c.shape()));
-  for (const Tensor* w : {wte, wpe}) {
-    if (!w) continue;
-    check_float(op, w == wte ? "wte" : "wpe", *w);
-    if (w->ndim() != 2 || w->dim(1) != bt_c.dim(2))
-      fail(op, "table {} must be (rows, {})", shape_str(w->shape()), bt_c.dim(2));
-  }
-  if (wpe && wpe->dim(0) < tokens.dim(1))
-    fail(op, "T = {} exceeds the {} positions of wpe", tokens.dim(1), wpe->dim(0));
-}
-
-// Rows of logits and the matching targets, validated: targets < 0 are ignored (loss 0, no
-// gradient), as torch's ignore_index; targets >= V are an error.
-std::int64_t check_ce(std::string_view op, const Tensor& logits, const Tensor& targets) {
-  check_float(op, "logits", logits);
-  check_i32(op, "targets", targets);
-  if (logits.ndim() < 2 || logits.dim(-1) < 1)
-    fail(op, "logits {} must be (N, V) with V >= 1", shape_str(logits.shape()));
-  const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
-  if (targets.numel() != n)
-    fail(op, "targets {} do not match logits {}", shape_str(targets.shape()),
-         shape_str(logits.shape()));
+// The shared shape checks, then the target values (readable here): targets >= V are an error;
+// targets < 0 are ignored (loss 0, no gradient), as torch's ignore_index.
+std::int64_t check_ce_targets(std::string_view op, const Tensor& logits, const Tensor& targets) {
+  const std::int64_t n = check_ce(op, logits, targets), v = logits.dim(-1);
   const std::int32_t* tg = targets.as<std::int32_t>();
   for (std::int64_t i = 0; i < n; ++i)
     if (tg[i] >= v) fail(op, "target {} at {} out of range [0, {})", tg[i], i, v);
@@ -156,7 +132,7 @@ void CpuOps::embedding_backward(Tensor* dwte, Tensor* dwpe, const Tensor& dout,
 
 void CpuOps::crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets) {
   constexpr std::string_view op = "crossentropy_forward";
-  const std::int64_t n = check_ce(op, logits, targets);
+  const std::int64_t n = check_ce_targets(op, logits, targets);
   check_float(op, "losses", losses);
   if (losses.numel() != n)
     fail(op, "losses {} must have {} elements", shape_str(losses.shape()), n);
@@ -179,7 +155,7 @@ void CpuOps::crossentropy_forward(Tensor& losses, const Tensor& logits, const Te
 void CpuOps::crossentropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                                    float dloss) {
   constexpr std::string_view op = "crossentropy_backward";
-  const std::int64_t n = check_ce(op, logits, targets);
+  const std::int64_t n = check_ce_targets(op, logits, targets);
   check_float(op, "dlogits", dlogits);
   check_shape(op, "dlogits", dlogits, logits.shape());
   const std::int64_t v = logits.dim(-1);

@@ -9,20 +9,6 @@
 namespace memtrade::cpu {
 namespace {
 
-// Rows of a (N, C) view of t, C being the last dim.
-// Product of the leading dimensions (not numel / last: a zero-width last dimension has rows).
-std::int64_t rows_of(const Tensor& t) {
-  std::int64_t r = 1;
-  for (int i = 0; i + 1 < t.ndim(); ++i) r *= t.dim(i);
-  return r;
-}
-
-void check_stat(std::string_view op, std::string_view name, const Tensor& t, std::int64_t n) {
-  if (!t.defined() || t.dtype() != DType::F32 || t.numel() != n)
-    fail(op, "{} must be F32 with {} elements, got {} {}", name, n, shape_str(t.shape()),
-         t.defined() ? dtype_name(t.dtype()) : "undefined");
-}
-
 // y[j] = a[j] (+ y_old[j] when accumulate) for a per-column parameter gradient chunk.
 void store_param_grad(Tensor& g, std::int64_t off, std::int64_t len, const float* acc,
                       bool accumulate) {
@@ -41,17 +27,7 @@ void store_param_grad(Tensor& g, std::int64_t off, std::int64_t len, const float
 
 void CpuOps::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                                const Tensor& weight, const Tensor& bias, float eps) {
-  constexpr std::string_view op = "layernorm_forward";
-  check_float(op, "inp", inp);
-  check_float(op, "out", out);
-  check_float(op, "weight", weight);
-  check_float(op, "bias", bias);
-  check_shape(op, "out", out, inp.shape());
-  const std::int64_t c = inp.dim(-1), n = rows_of(inp);
-  check_shape(op, "weight", weight, {c});
-  check_shape(op, "bias", bias, {c});
-  check_stat(op, "mean", mean, n);
-  check_stat(op, "rstd", rstd, n);
+  const auto [n, c] = check_layernorm_forward(out, mean, rstd, inp, weight, bias);
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < n; ++r) {
     float bx[kChunk], bw[kChunk], bb[kChunk], bo[kChunk];
@@ -88,25 +64,7 @@ void CpuOps::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Te
 void CpuOps::layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
                                 const Tensor& inp, const Tensor& weight, const Tensor& mean,
                                 const Tensor& rstd, bool accumulate) {
-  constexpr std::string_view op = "layernorm_backward";
-  check_float(op, "dinp", dinp);
-  check_float(op, "dout", dout);
-  check_float(op, "inp", inp);
-  check_float(op, "weight", weight);
-  check_shape(op, "dinp", dinp, inp.shape());
-  check_shape(op, "dout", dout, inp.shape());
-  const std::int64_t c = inp.dim(-1), n = rows_of(inp);
-  check_shape(op, "weight", weight, {c});
-  check_stat(op, "mean", mean, n);
-  check_stat(op, "rstd", rstd, n);
-  if (dweight) {
-    check_float(op, "dweight", *dweight);
-    check_shape(op, "dweight", *dweight, {c});
-  }
-  if (dbias) {
-    check_float(op, "dbias", *dbias);
-    check_shape(op, "dbias", *dbias, {c});
-  }
+  const auto [n, c] = check_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
   const float* mu = mean.as<float>();
   const float* rs = rstd.as<float>();
   // Parameter gradients first (column blocks per thread, rows in order: deterministic), since
@@ -162,11 +120,8 @@ void CpuOps::layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias, co
 }
 
 void CpuOps::softmax_forward(Tensor& out, const Tensor& inp) {
-  constexpr std::string_view op = "softmax_forward";
-  check_float(op, "out", out);
-  check_float(op, "inp", inp);
-  check_shape(op, "out", out, inp.shape());
-  const std::int64_t c = inp.dim(-1), n = rows_of(inp);
+  const RowDims dims = check_softmax_forward(out, inp);
+  const std::int64_t n = dims.rows, c = dims.c;
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < n; ++r) {
     float bx[kChunk], bo[kChunk];
@@ -195,13 +150,8 @@ void CpuOps::softmax_forward(Tensor& out, const Tensor& inp) {
 }
 
 void CpuOps::softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) {
-  constexpr std::string_view op = "softmax_backward";
-  check_float(op, "dinp", dinp);
-  check_float(op, "dout", dout);
-  check_float(op, "out", out);
-  check_shape(op, "dinp", dinp, out.shape());
-  check_shape(op, "dout", dout, out.shape());
-  const std::int64_t c = out.dim(-1), n = rows_of(out);
+  const RowDims dims = check_softmax_backward(dinp, dout, out);
+  const std::int64_t n = dims.rows, c = dims.c;
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < n; ++r) {
     float bg[kChunk], by[kChunk], bo[kChunk];

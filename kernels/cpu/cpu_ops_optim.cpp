@@ -6,20 +6,6 @@
 #include "kernels/cpu/cpu_ops_impl.h"
 
 namespace memtrade::cpu {
-namespace {
-
-void check_state(std::string_view op, std::string_view name, const Tensor* s, bool needed,
-                 const Tensor& param) {
-  if (!needed) return;
-  if (!s) fail(op, "{} is required for this optimizer", name);
-  check_float(op, name, *s);
-  if (s->numel() != param.numel())
-    fail(op, "{} {} does not match param {}", name, shape_str(s->shape()),
-         shape_str(param.shape()));
-}
-
-}  // namespace
-
 bool CpuOps::unscale_and_check(std::span<Tensor* const> grads, float inv_scale) {
   bool bad = false;
   const bool write = inv_scale != 1.0f;  // x·1 == x: a check-only call writes nothing
@@ -50,14 +36,8 @@ bool CpuOps::unscale_and_check(std::span<Tensor* const> grads, float inv_scale) 
 
 void CpuOps::optimizer_update(const OptimizerHyper& h, Tensor& param, const Tensor& grad,
                               Tensor* state0, Tensor* state1) {
-  constexpr std::string_view op = "optimizer_update";
-  check_float(op, "param", param);
-  check_float(op, "grad", grad);
-  check_same_numel(op, param, grad);
+  check_optimizer_update(h, param, grad, state0, state1);
   const int nstate = optimizer_state_count(h.kind);
-  check_state(op, "state0", state0, nstate >= 1, param);
-  check_state(op, "state1", state1, nstate >= 2, param);
-  if (h.step < 1) fail(op, "step {} must be >= 1", h.step);
   const float lr = h.lr, wd = h.weight_decay, eps = h.eps;
   const double step = static_cast<double>(h.step);
   // Scalars of Adam's bias correction, in double like Python floats, then used in fp32.

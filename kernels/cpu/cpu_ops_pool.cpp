@@ -8,19 +8,6 @@
 namespace memtrade::cpu {
 namespace {
 
-void check_nchw(std::string_view op, std::string_view name, const Tensor& t) {
-  check_float(op, name, t);
-  if (t.ndim() != 4) fail(op, "{} must be (N, C, H, W), got {}", name, shape_str(t.shape()));
-}
-
-void check_channel_vec(std::string_view op, std::string_view name, const Tensor& t, std::int64_t c,
-                       bool need_f32) {
-  check_float(op, name, t);
-  if (t.numel() != c || (need_f32 && t.dtype() != DType::F32))
-    fail(op, "{} must be ({}){} , got {} {}", name, c, need_f32 ? " F32" : "", shape_str(t.shape()),
-         dtype_name(t.dtype()));
-}
-
 // Calls f(off, len) over the elements of channel ch in every image, in kChunk pieces.
 template <typename F>
 void for_channel(const Tensor& t, std::int64_t ch, F&& f) {
@@ -43,16 +30,9 @@ void CpuOps::batchnorm_forward(Tensor& out, Tensor& mean, Tensor& invstd, const 
                                const Tensor& gamma, const Tensor& beta, Tensor* running_mean,
                                Tensor* running_var, float eps, float momentum) {
   constexpr std::string_view op = "batchnorm_forward";
-  check_nchw(op, "inp", inp);
-  check_float(op, "out", out);
-  check_shape(op, "out", out, inp.shape());
-  const std::int64_t c = inp.dim(1), count = inp.numel() / std::max<std::int64_t>(c, 1);
-  check_channel_vec(op, "gamma", gamma, c, false);
-  check_channel_vec(op, "beta", beta, c, false);
-  check_channel_vec(op, "mean", mean, c, true);
-  check_channel_vec(op, "invstd", invstd, c, true);
-  if (running_mean) check_channel_vec(op, "running_mean", *running_mean, c, false);
-  if (running_var) check_channel_vec(op, "running_var", *running_var, c, false);
+  const std::int64_t c =
+      check_batchnorm_forward(out, mean, invstd, inp, gamma, beta, running_mean, running_var);
+  const std::int64_t count = inp.numel() / std::max<std::int64_t>(c, 1);
   if (count < 2)
     fail(op, "need more than 1 value per channel in training, inp {}", shape_str(inp.shape()));
 #pragma omp parallel for schedule(static)
@@ -95,18 +75,9 @@ void CpuOps::batchnorm_forward(Tensor& out, Tensor& mean, Tensor& invstd, const 
 void CpuOps::batchnorm_backward(Tensor& dinp, Tensor* dgamma, Tensor* dbeta, const Tensor& dout,
                                 const Tensor& inp, const Tensor& gamma, const Tensor& mean,
                                 const Tensor& invstd, bool accumulate) {
-  constexpr std::string_view op = "batchnorm_backward";
-  check_nchw(op, "inp", inp);
-  check_float(op, "dinp", dinp);
-  check_float(op, "dout", dout);
-  check_shape(op, "dinp", dinp, inp.shape());
-  check_shape(op, "dout", dout, inp.shape());
-  const std::int64_t c = inp.dim(1), count = inp.numel() / std::max<std::int64_t>(c, 1);
-  check_channel_vec(op, "gamma", gamma, c, false);
-  check_channel_vec(op, "mean", mean, c, true);
-  check_channel_vec(op, "invstd", invstd, c, true);
-  if (dgamma) check_channel_vec(op, "dgamma", *dgamma, c, false);
-  if (dbeta) check_channel_vec(op, "dbeta", *dbeta, c, false);
+  const std::int64_t c =
+      check_batchnorm_backward(dinp, dgamma, dbeta, dout, inp, gamma, mean, invstd);
+  const std::int64_t count = inp.numel() / std::max<std::int64_t>(c, 1);
 #pragma omp parallel for schedule(static)
   for (std::int64_t ch = 0; ch < c; ++ch) {
     float bx[kChunk], bg[kChunk], bo[kChunk];

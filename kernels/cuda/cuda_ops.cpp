@@ -1,33 +1,9 @@
-// CudaOps' lifetime, its persistent workspace, validation and the dtype scratch helpers.
+// CudaOps' lifetime, its persistent workspace and the dtype scratch helpers.
 #include <fmt/format.h>
 
 #include "kernels/cuda/cuda_ops.h"
 
 namespace memtrade::cuda {
-
-void fail(std::string_view op, const std::string& message) {
-  throw std::invalid_argument(fmt::format("{}: {}", op, message));
-}
-
-void check_float(std::string_view op, std::string_view name, const Tensor& t) {
-  if (!t.defined()) fail(op, fmt::format("{} is undefined", name));
-  if (t.dtype() == DType::I32)
-    fail(op, fmt::format("{} {} must be a float tensor (f32, f16 or bf16), got i32", name,
-                         shape_str(t.shape())));
-}
-
-void check_i32(std::string_view op, std::string_view name, const Tensor& t) {
-  if (!t.defined()) fail(op, fmt::format("{} is undefined", name));
-  if (t.dtype() != DType::I32)
-    fail(op, fmt::format("{} {} must be i32, got {}", name, shape_str(t.shape()),
-                         dtype_name(t.dtype())));
-}
-
-void check_shape(std::string_view op, std::string_view name, const Tensor& t, const Shape& shape) {
-  if (t.shape() != shape)
-    fail(op,
-         fmt::format("{} has shape {}, expected {}", name, shape_str(t.shape()), shape_str(shape)));
-}
 
 AsDType::AsDType(const Tensor& t, DType want, CachingAllocator& alloc, cudaStream_t stream) {
   if (t.dtype() == want) {

@@ -38,6 +38,7 @@
 
 #include "kernels/cuda/cuda_raii.h"
 #include "kernels/cuda_workspace.h"
+#include "kernels/op_checks.h"
 #include "kernels/ops.h"
 
 namespace memtrade::cuda {
@@ -46,11 +47,10 @@ namespace memtrade::cuda {
 inline constexpr std::size_t kLtWorkspaceBytes = kCudaLtWorkspaceBytes;
 inline constexpr std::size_t kSmallScratchBytes = kCudaSmallScratchBytes;  // after cuBLASLt's
 
-// ---- validation (messages like the CPU backend's) ---------------------------------------------
-[[noreturn]] void fail(std::string_view op, const std::string& message);
-void check_float(std::string_view op, std::string_view name, const Tensor& t);
-void check_i32(std::string_view op, std::string_view name, const Tensor& t);
-void check_shape(std::string_view op, std::string_view name, const Tensor& t, const Shape& shape);
+// ---- validation: kernels/op_checks.h (shared with the CPU backend), and for CUDA's own ----------
+[[noreturn]] inline void fail(std::string_view op, const std::string& message) {
+  throw_bad_op_argument(op, message);
+}
 
 // ---- dtype scratch ------------------------------------------------------------------------------
 // `t` read as dtype `want`: t's own memory, or a cast copy (Category::workspace) from `alloc`.
@@ -224,8 +224,6 @@ class CudaOps final : public Ops {
  private:
   // One cuBLASLt matmul on the compute stream (cuda_ops_gemm.cpp).
   void gemm(const GemmDesc& g);
-  static void check_optimizer_args(const OptimizerHyper& h, const Tensor& param, const Tensor& grad,
-                                   const Tensor* state0, const Tensor* state1);
   // The persistent workspace: cuBLASLt's part and the small scratch after it.
   void* lt_workspace();
   void* small_scratch();

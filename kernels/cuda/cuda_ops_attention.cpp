@@ -11,7 +11,6 @@
 // sequence, so both backends make the same allocation sequence outside the workspace. The
 // scaled scores, the probabilities, dP and dS are rounded to qkv's dtype here, and the CPU
 // rounds them at the same places.
-#include <fmt/format.h>
 
 #include <cmath>
 
@@ -20,18 +19,7 @@
 namespace memtrade::cuda {
 namespace {
 
-struct Dims {
-  std::int64_t b, t, c, nh, hd;
-};
-
-Dims check_qkv(std::string_view op, const Tensor& qkv, int n_head) {
-  check_float(op, "qkv", qkv);
-  if (qkv.ndim() != 3 || qkv.dim(2) % 3 != 0 || n_head < 1 || (qkv.dim(2) / 3) % n_head != 0)
-    fail(op, fmt::format("qkv {} must be (B, T, 3C) with C divisible by n_head = {}",
-                         shape_str(qkv.shape()), n_head));
-  const std::int64_t c = qkv.dim(2) / 3;
-  return {qkv.dim(0), qkv.dim(1), c, n_head, c / n_head};
-}
+using Dims = AttentionDims;  // kernels/op_checks.h
 
 const void* at(const void* p, DType t, std::int64_t elems) {
   return static_cast<const unsigned char*>(p) + elems * static_cast<std::int64_t>(dtype_size(t));
@@ -56,13 +44,7 @@ GemmDesc head_gemm(DType d, const Dims& dm, std::int64_t m, std::int64_t n, std:
 
 void CudaOps::attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head,
                              std::string_view op) {
-  const Dims d = check_qkv(op, qkv, n_head);
-  check_float(op, "att", att);
-  check_shape(op, "att", att, {d.b, d.nh, d.t, d.t});
-  if (out) {
-    check_float(op, "out", *out);
-    check_shape(op, "out", *out, {d.b, d.t, d.c});
-  }
+  const Dims d = check_attention_forward(op, out, att, qkv, n_head);
   if (d.b == 0 || d.t == 0) return;
   const DType dt = qkv.dtype();
   const std::int64_t tt = d.t, c3 = 3 * d.c;
@@ -119,14 +101,7 @@ void CudaOps::attention_probs(Tensor& att, const Tensor& qkv, int n_head) {
 void CudaOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                  const Tensor& att, int n_head) {
   NvtxRange range("attention_backward");
-  constexpr std::string_view op = "attention_backward";
-  const Dims d = check_qkv(op, qkv, n_head);
-  check_float(op, "dqkv", dqkv);
-  check_float(op, "dout", dout);
-  check_float(op, "att", att);
-  check_shape(op, "dqkv", dqkv, qkv.shape());
-  check_shape(op, "dout", dout, {d.b, d.t, d.c});
-  check_shape(op, "att", att, {d.b, d.nh, d.t, d.t});
+  const Dims d = check_attention_backward(dqkv, dout, qkv, att, n_head);
   if (d.b == 0 || d.t == 0) return;
   const DType dt = qkv.dtype();
   const std::int64_t tt = d.t, c3 = 3 * d.c;

@@ -348,20 +348,6 @@ __global__ void maxpool_bwd_kernel(float* dinp, const TG* dout, const std::int32
   }
 }
 
-void check_nchw(std::string_view op, std::string_view name, const Tensor& t) {
-  check_float(op, name, t);
-  if (t.ndim() != 4)
-    fail(op, std::string(name) + " must be (N, C, H, W), got " + shape_str(t.shape()));
-}
-
-void check_channel_vec(std::string_view op, std::string_view name, const Tensor& t, std::int64_t c,
-                       bool need_f32) {
-  check_float(op, name, t);
-  if (t.numel() != c || (need_f32 && t.dtype() != DType::F32))
-    fail(op, std::string(name) + " must be (" + std::to_string(c) + ")" + (need_f32 ? " F32" : "") +
-                 ", got " + shape_str(t.shape()) + " " + std::string(dtype_name(t.dtype())));
-}
-
 AnyOut any_out(Tensor* t) {
   return t ? AnyOut{t->data(), t->dtype()} : AnyOut{nullptr, DType::F32};
 }
@@ -405,16 +391,9 @@ void CudaOps::batchnorm_forward(Tensor& out, Tensor& mean, Tensor& invstd, const
                                 Tensor* running_var, float eps, float momentum) {
   NvtxRange range("batchnorm_forward");
   constexpr std::string_view op = "batchnorm_forward";
-  check_nchw(op, "inp", inp);
-  check_float(op, "out", out);
-  check_shape(op, "out", out, inp.shape());
-  const std::int64_t n = inp.dim(0), c = inp.dim(1), hw = inp.dim(2) * inp.dim(3);
-  check_channel_vec(op, "gamma", gamma, c, false);
-  check_channel_vec(op, "beta", beta, c, false);
-  check_channel_vec(op, "mean", mean, c, true);
-  check_channel_vec(op, "invstd", invstd, c, true);
-  if (running_mean) check_channel_vec(op, "running_mean", *running_mean, c, false);
-  if (running_var) check_channel_vec(op, "running_var", *running_var, c, false);
+  const std::int64_t c =
+      check_batchnorm_forward(out, mean, invstd, inp, gamma, beta, running_mean, running_var);
+  const std::int64_t n = inp.dim(0), hw = inp.dim(2) * inp.dim(3);
   if (n * hw < 2)
     fail(op, "need more than 1 value per channel in training, inp " + shape_str(inp.shape()));
   if (c == 0) return;
@@ -453,17 +432,9 @@ void CudaOps::batchnorm_backward(Tensor& dinp, Tensor* dgamma, Tensor* dbeta, co
                                  const Tensor& invstd, bool accumulate) {
   NvtxRange range("batchnorm_backward");
   constexpr std::string_view op = "batchnorm_backward";
-  check_nchw(op, "inp", inp);
-  check_float(op, "dinp", dinp);
-  check_float(op, "dout", dout);
-  check_shape(op, "dinp", dinp, inp.shape());
-  check_shape(op, "dout", dout, inp.shape());
-  const std::int64_t n = inp.dim(0), c = inp.dim(1), hw = inp.dim(2) * inp.dim(3);
-  check_channel_vec(op, "gamma", gamma, c, false);
-  check_channel_vec(op, "mean", mean, c, true);
-  check_channel_vec(op, "invstd", invstd, c, true);
-  if (dgamma) check_channel_vec(op, "dgamma", *dgamma, c, false);
-  if (dbeta) check_channel_vec(op, "dbeta", *dbeta, c, false);
+  const std::int64_t c =
+      check_batchnorm_backward(dinp, dgamma, dbeta, dout, inp, gamma, mean, invstd);
+  const std::int64_t n = inp.dim(0), hw = inp.dim(2) * inp.dim(3);
   if (c == 0) return;
   const int S = bn_slices(c, n * hw);
   const AnyIn gm{gamma.data(), gamma.dtype()};

@@ -35,27 +35,8 @@ namespace {
 
 constexpr std::size_t kConvWorkspaceLimit = 1 * GiB;
 
-struct ConvDims {
-  std::int64_t n, ci, h, w, co, kh, kw, oh, ow, stride, pad;
-};
-
-ConvDims check_conv(std::string_view op, const Tensor& inp, const Tensor& weight, int stride,
-                    int pad) {
-  check_float(op, "inp", inp);
-  check_float(op, "weight", weight);
-  if (inp.ndim() != 4 || weight.ndim() != 4 || weight.dim(1) != inp.dim(1))
-    fail(op, fmt::format("inp {} must be (N, Ci, H, W) and weight {} (Co, Ci, KH, KW)",
-                         shape_str(inp.shape()), shape_str(weight.shape())));
-  if (stride < 1 || pad < 0)
-    fail(op, fmt::format("stride {} must be >= 1 and pad {} >= 0", stride, pad));
-  ConvDims d{
-      inp.dim(0), inp.dim(1), inp.dim(2), inp.dim(3), weight.dim(0), weight.dim(2), weight.dim(3),
-      0,          0,          stride,     pad};
-  if (d.h + 2 * pad < d.kh || d.w + 2 * pad < d.kw)
-    fail(op, fmt::format("kernel {} larger than the padded input {}", shape_str(weight.shape()),
-                         shape_str(inp.shape())));
-  d.oh = (d.h + 2 * pad - d.kh) / stride + 1;
-  d.ow = (d.w + 2 * pad - d.kw) / stride + 1;
+// After the shared checks (kernels/op_checks.h): cuDNN's dimensions are ints.
+const ConvDims& check_cudnn_range(std::string_view op, const ConvDims& d) {
   for (std::int64_t v : {d.n, d.ci, d.h, d.w, d.co, d.kh, d.kw})
     if (v > INT_MAX) fail(op, fmt::format("dimension {} exceeds cuDNN's int range", v));
   return d;
@@ -286,13 +267,8 @@ void CudaOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weigh
                              const Tensor* bias, int stride, int pad) {
   NvtxRange range("conv2d_forward");
   constexpr std::string_view op = "conv2d_forward";
-  const ConvDims dims = check_conv(op, inp, weight, stride, pad);
-  check_float(op, "out", out);
-  check_shape(op, "out", out, {dims.n, dims.co, dims.oh, dims.ow});
-  if (bias) {
-    check_float(op, "bias", *bias);
-    check_shape(op, "bias", *bias, {dims.co});
-  }
+  const ConvDims dims =
+      check_cudnn_range(op, check_conv_forward(out, inp, weight, bias, stride, pad));
   if (out.numel() == 0) return;
   const DType dt = inp.dtype();
   CachingAllocator& alloc = *out.allocator();
@@ -316,21 +292,8 @@ void CudaOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, cons
                               bool accumulate) {
   NvtxRange range("conv2d_backward");
   constexpr std::string_view op = "conv2d_backward";
-  const ConvDims dims = check_conv(op, inp, weight, stride, pad);
-  check_float(op, "dout", dout);
-  check_shape(op, "dout", dout, {dims.n, dims.co, dims.oh, dims.ow});
-  if (dinp) {
-    check_float(op, "dinp", *dinp);
-    check_shape(op, "dinp", *dinp, inp.shape());
-  }
-  if (dweight) {
-    check_float(op, "dweight", *dweight);
-    check_shape(op, "dweight", *dweight, weight.shape());
-  }
-  if (dbias) {
-    check_float(op, "dbias", *dbias);
-    check_shape(op, "dbias", *dbias, {dims.co});
-  }
+  const ConvDims dims = check_cudnn_range(
+      op, check_conv_backward(dinp, dweight, dbias, dout, inp, weight, stride, pad));
   if (dbias)  // Σ over images and pixels per output channel
     launch_channel_sum(dbias->data(), dbias->dtype(), dout.data(), dout.dtype(), dims.n, dims.co,
                        dims.oh * dims.ow, accumulate, stream_);

@@ -155,22 +155,6 @@ void map2(Tensor& out, const Tensor& a, const Tensor& b, F f, cudaStream_t s,
   });
 }
 
-void check_unary(std::string_view op, const Tensor& out, const Tensor& inp) {
-  check_float(op, "out", out);
-  check_float(op, "inp", inp);
-  if (out.shape() != inp.shape())
-    fail(op, "out " + shape_str(out.shape()) + " and inp " + shape_str(inp.shape()) + " differ");
-}
-
-void check_binary(std::string_view op, const Tensor& out, const Tensor& a, const Tensor& b) {
-  check_float(op, "out", out);
-  check_float(op, "a", a);
-  check_float(op, "b", b);
-  if (out.shape() != a.shape() || out.shape() != b.shape())
-    fail(op, "shapes differ: " + shape_str(out.shape()) + ", " + shape_str(a.shape()) + ", " +
-                 shape_str(b.shape()));
-}
-
 }  // namespace
 
 // ---- launchers

@@ -83,14 +83,6 @@ void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)));
 }
 
-// N of an (..., C) input: the product of its leading dims (not numel / C, which is 0 / 0 when
-// C == 0; an (N, 0) input still makes an (N, OC) output, the bias or zeros).
-std::int64_t leading_rows(const Tensor& t) {
-  std::int64_t rows = 1;
-  for (int i = 0; i + 1 < t.ndim(); ++i) rows *= t.dim(i);
-  return rows;
-}
-
 // Picks the dtype a GEMM runs in: the output's, unless A and B share a 16-bit dtype and the
 // output is F32 (cuBLASLt's native mixed mode).
 DType gemm_input_dtype(const Tensor& a, const Tensor& b, const Tensor& c) {
@@ -246,24 +238,8 @@ void CudaOps::gemm(const GemmDesc& g) {
 void CudaOps::matmul(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                      float alpha, float beta) {
   NvtxRange range("matmul");
-  constexpr std::string_view op = "matmul";
-  check_float(op, "c", c);
-  check_float(op, "a", a);
-  check_float(op, "b", b);
-  const int nd = c.ndim();
-  if ((nd != 2 && nd != 3) || a.ndim() != nd || b.ndim() != nd)
-    fail(op, fmt::format("c {}, a {}, b {} must all be 2-D or all 3-D", shape_str(c.shape()),
-                         shape_str(a.shape()), shape_str(b.shape())));
-  const std::int64_t batch = nd == 3 ? c.dim(0) : 1;
-  const std::int64_t m = c.dim(-2), n = c.dim(-1);
-  const std::int64_t k = trans_a ? a.dim(-2) : a.dim(-1);
-  const std::int64_t am = trans_a ? a.dim(-1) : a.dim(-2);
-  const std::int64_t bk = trans_b ? b.dim(-1) : b.dim(-2);
-  const std::int64_t bn = trans_b ? b.dim(-2) : b.dim(-1);
-  if (am != m || bk != k || bn != n || (nd == 3 && (a.dim(0) != batch || b.dim(0) != batch)))
-    fail(op, fmt::format("shapes do not match: c {} = a{} {} · b{} {}", shape_str(c.shape()),
-                         trans_a ? "ᵀ" : "", shape_str(a.shape()), trans_b ? "ᵀ" : "",
-                         shape_str(b.shape())));
+  const MatmulDims dims = check_matmul(c, a, b, trans_a, trans_b);
+  const std::int64_t batch = dims.batch, m = dims.m, n = dims.n, k = dims.k;
   const DType ab = gemm_input_dtype(a, b, c);
   AsDType a_(a, ab, *c.allocator(), stream_);
   AsDType b_(b, ab, *c.allocator(), stream_);
@@ -293,24 +269,8 @@ void CudaOps::matmul(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, 
 void CudaOps::linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
                              const Tensor* bias) {
   NvtxRange range("linear_forward");
-  constexpr std::string_view op = "linear_forward";
-  check_float(op, "out", out);
-  check_float(op, "inp", inp);
-  check_float(op, "weight", weight);
-  if (weight.ndim() != 2 || inp.ndim() < 2)
-    fail(op, fmt::format("weight {} must be (OC, C) and inp {} (N, C)", shape_str(weight.shape()),
-                         shape_str(inp.shape())));
-  const std::int64_t oc = weight.dim(0), ch = weight.dim(1);
-  if (inp.dim(-1) != ch)
-    fail(op, fmt::format("inp {} vs weight {}", shape_str(inp.shape()), shape_str(weight.shape())));
-  const std::int64_t rows = leading_rows(inp);
-  Shape out_shape = inp.shape();
-  out_shape.back() = oc;
-  check_shape(op, "out", out, out_shape);
-  if (bias) {
-    check_float(op, "bias", *bias);
-    check_shape(op, "bias", *bias, {oc});
-  }
+  const LinearDims dims = check_linear_forward(out, inp, weight, bias);
+  const std::int64_t rows = dims.rows, oc = dims.oc, ch = dims.c;
   const DType ab = gemm_input_dtype(inp, weight, out);
   AsDType x(inp, ab, *out.allocator(), stream_);
   AsDType w(weight, ab, *out.allocator(), stream_);
@@ -337,30 +297,8 @@ void CudaOps::linear_forward(Tensor& out, const Tensor& inp, const Tensor& weigh
 void CudaOps::linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
                               const Tensor& inp, const Tensor& weight, bool accumulate) {
   NvtxRange range("linear_backward");
-  constexpr std::string_view op = "linear_backward";
-  check_float(op, "dout", dout);
-  check_float(op, "inp", inp);
-  check_float(op, "weight", weight);
-  if (weight.ndim() != 2 || inp.ndim() < 2 || inp.dim(-1) != weight.dim(1))
-    fail(op, fmt::format("inp {} and weight {} do not match", shape_str(inp.shape()),
-                         shape_str(weight.shape())));
-  const std::int64_t oc = weight.dim(0), ch = weight.dim(1);
-  const std::int64_t rows = leading_rows(inp);
-  Shape dout_shape = inp.shape();
-  dout_shape.back() = oc;
-  check_shape(op, "dout", dout, dout_shape);
-  if (dinp) {
-    check_float(op, "dinp", *dinp);
-    check_shape(op, "dinp", *dinp, inp.shape());
-  }
-  if (dweight) {
-    check_float(op, "dweight", *dweight);
-    check_shape(op, "dweight", *dweight, weight.shape());
-  }
-  if (dbias) {
-    check_float(op, "dbias", *dbias);
-    check_shape(op, "dbias", *dbias, {oc});
-  }
+  const LinearDims dims = check_linear_backward(dinp, dweight, dbias, dout, inp, weight);
+  const std::int64_t rows = dims.rows, oc = dims.oc, ch = dims.c;
   // dinp must alias neither dout nor inp: a GEMM cannot read A or B while writing D (cuBLASLt's
   // in-place support is C == D only), and the CPU writes dinp before its dweight GEMM reads inp.
   if (dbias)  // dbias (OC) (+)= Σ_rows dout (N, OC)

@@ -165,36 +165,6 @@ __global__ void sum_final_kernel(double* out, const double* partials, int n) {
   if (threadIdx.x == 0) *out = acc;
 }
 
-void check_embedding_shapes(std::string_view op, const Tensor& bt_c, const Tensor& tokens,
-                            const Tensor* wte, const Tensor* wpe) {
-  if (tokens.ndim() != 2 || bt_c.ndim() != 3 || bt_c.dim(0) != tokens.dim(0) ||
-      bt_c.dim(1) != tokens.dim(1))
-    fail(op, "tokens " + shape_str(tokens.shape()) + " must be (B, T) and activations " +
-                 shape_str(bt_c.shape()) + " (B, T, C)");
-  for (const Tensor* w : {wte, wpe}) {
-    if (!w) continue;
-    check_float(op, w == wte ? "wte" : "wpe", *w);
-    if (w->ndim() != 2 || w->dim(1) != bt_c.dim(2))
-      fail(op, "table " + shape_str(w->shape()) + " must be (rows, " + std::to_string(bt_c.dim(2)) +
-                   ")");
-  }
-  if (wpe && wpe->dim(0) < tokens.dim(1))
-    fail(op, "T = " + std::to_string(tokens.dim(1)) + " exceeds the " +
-                 std::to_string(wpe->dim(0)) + " positions of wpe");
-}
-
-std::int64_t check_ce(std::string_view op, const Tensor& logits, const Tensor& targets) {
-  check_float(op, "logits", logits);
-  check_i32(op, "targets", targets);
-  if (logits.ndim() < 2 || logits.dim(-1) < 1)
-    fail(op, "logits " + shape_str(logits.shape()) + " must be (N, V) with V >= 1");
-  const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
-  if (targets.numel() != n)
-    fail(op, "targets " + shape_str(targets.shape()) + " do not match logits " +
-                 shape_str(logits.shape()));
-  return n;
-}
-
 }  // namespace
 
 void CudaOps::embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte,

@@ -221,20 +221,6 @@ __global__ void causal_softmax_bwd_kernel(TD* dp, const TP* p, std::int64_t rows
 
 #undef MEMTRADE_FOR_WARP_ROWS
 
-// Product of the leading dimensions (not numel / last: a zero-width last dimension has rows).
-std::int64_t rows_of(const Tensor& t) {
-  std::int64_t r = 1;
-  for (int i = 0; i + 1 < t.ndim(); ++i) r *= t.dim(i);
-  return r;
-}
-
-void check_stat(std::string_view op, std::string_view name, const Tensor& t, std::int64_t n) {
-  if (!t.defined() || t.dtype() != DType::F32 || t.numel() != n)
-    fail(op, std::string(name) + " must be F32 with " + std::to_string(n) + " elements, got " +
-                 (t.defined() ? shape_str(t.shape()) + " " + std::string(dtype_name(t.dtype()))
-                              : std::string("undefined")));
-}
-
 unsigned col_blocks(std::int64_t cols) {
   return static_cast<unsigned>((cols + 31) / 32);
 }
@@ -301,16 +287,8 @@ void CudaOps::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const T
                                 const Tensor& weight, const Tensor& bias, float eps) {
   NvtxRange range("layernorm_forward");
   constexpr std::string_view op = "layernorm_forward";
-  check_float(op, "inp", inp);
-  check_float(op, "out", out);
-  check_float(op, "weight", weight);
-  check_float(op, "bias", bias);
-  check_shape(op, "out", out, inp.shape());
-  const std::int64_t c = inp.dim(-1), n = rows_of(inp);
-  check_shape(op, "weight", weight, {c});
-  check_shape(op, "bias", bias, {c});
-  check_stat(op, "mean", mean, n);
-  check_stat(op, "rstd", rstd, n);
+  const RowDims dims = check_layernorm_forward(out, mean, rstd, inp, weight, bias);
+  const std::int64_t n = dims.rows, c = dims.c;  // plain names: the lambdas below capture them
   if (n == 0 || c == 0) return;
   dispatch_float(out.dtype(), op, [&](auto o) {
     dispatch_float(inp.dtype(), op, [&](auto x) {
@@ -329,24 +307,9 @@ void CudaOps::layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias, c
                                  const Tensor& rstd, bool accumulate) {
   NvtxRange range("layernorm_backward");
   constexpr std::string_view op = "layernorm_backward";
-  check_float(op, "dinp", dinp);
-  check_float(op, "dout", dout);
-  check_float(op, "inp", inp);
-  check_float(op, "weight", weight);
-  check_shape(op, "dinp", dinp, inp.shape());
-  check_shape(op, "dout", dout, inp.shape());
-  const std::int64_t c = inp.dim(-1), n = rows_of(inp);
-  check_shape(op, "weight", weight, {c});
-  check_stat(op, "mean", mean, n);
-  check_stat(op, "rstd", rstd, n);
-  if (dweight) {
-    check_float(op, "dweight", *dweight);
-    check_shape(op, "dweight", *dweight, {c});
-  }
-  if (dbias) {
-    check_float(op, "dbias", *dbias);
-    check_shape(op, "dbias", *dbias, {c});
-  }
+  const RowDims dims =
+      check_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+  const std::int64_t n = dims.rows, c = dims.c;  // plain names: the lambdas below capture them
   if (c == 0) return;
   // Parameter gradients first: dinp may alias dout.
   if (dweight || dbias) {
@@ -382,10 +345,8 @@ void CudaOps::layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias, c
 void CudaOps::softmax_forward(Tensor& out, const Tensor& inp) {
   NvtxRange range("softmax_forward");
   constexpr std::string_view op = "softmax_forward";
-  check_float(op, "out", out);
-  check_float(op, "inp", inp);
-  check_shape(op, "out", out, inp.shape());
-  const std::int64_t c = inp.dim(-1), n = rows_of(inp);
+  const RowDims dims = check_softmax_forward(out, inp);
+  const std::int64_t n = dims.rows, c = dims.c;
   if (n == 0 || c == 0) return;
   dispatch_float(out.dtype(), op, [&](auto o) {
     dispatch_float(inp.dtype(), op, [&](auto x) {
@@ -401,12 +362,8 @@ void CudaOps::softmax_forward(Tensor& out, const Tensor& inp) {
 void CudaOps::softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) {
   NvtxRange range("softmax_backward");
   constexpr std::string_view op = "softmax_backward";
-  check_float(op, "dinp", dinp);
-  check_float(op, "dout", dout);
-  check_float(op, "out", out);
-  check_shape(op, "dinp", dinp, out.shape());
-  check_shape(op, "dout", dout, out.shape());
-  const std::int64_t c = out.dim(-1), n = rows_of(out);
+  const RowDims dims = check_softmax_backward(dinp, dout, out);
+  const std::int64_t n = dims.rows, c = dims.c;
   if (n == 0 || c == 0) return;
   dispatch_float(dinp.dtype(), op, [&](auto d) {
     dispatch_float(dout.dtype(), op, [&](auto g) {

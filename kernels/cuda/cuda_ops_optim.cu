@@ -152,16 +152,6 @@ OptArgs opt_args(const OptimizerHyper& h) {
   return a;
 }
 
-void check_state(std::string_view op, std::string_view name, const Tensor* s, bool needed,
-                 const Tensor& param) {
-  if (!needed) return;
-  if (!s) fail(op, std::string(name) + " is required for this optimizer");
-  check_float(op, name, *s);
-  if (s->numel() != param.numel())
-    fail(op, std::string(name) + " " + shape_str(s->shape()) + " does not match param " +
-                 shape_str(param.shape()));
-}
-
 }  // namespace
 
 bool CudaOps::unscale_and_check(std::span<Tensor* const> grads, float inv_scale) {
@@ -186,25 +176,10 @@ bool CudaOps::unscale_and_check(std::span<Tensor* const> grads, float inv_scale)
   return host != 0;
 }
 
-// Validation shared by both entry points: the same messages as the CPU backend's.
-void CudaOps::check_optimizer_args(const OptimizerHyper& h, const Tensor& param, const Tensor& grad,
-                                   const Tensor* state0, const Tensor* state1) {
-  constexpr std::string_view op = "optimizer_update";
-  check_float(op, "param", param);
-  check_float(op, "grad", grad);
-  if (param.numel() != grad.numel())
-    fail(op,
-         "element counts differ: " + shape_str(param.shape()) + " vs " + shape_str(grad.shape()));
-  const int nstate = optimizer_state_count(h.kind);
-  check_state(op, "state0", state0, nstate >= 1, param);
-  check_state(op, "state1", state1, nstate >= 2, param);
-  if (h.step < 1) fail(op, "step " + std::to_string(h.step) + " must be >= 1");
-}
-
 void CudaOps::optimizer_update(const OptimizerHyper& h, Tensor& param, const Tensor& grad,
                                Tensor* state0, Tensor* state1) {
   NvtxRange range("optimizer_update");
-  check_optimizer_args(h, param, grad, state0, state1);
+  check_optimizer_update(h, param, grad, state0, state1);
   const std::int64_t n = param.numel();
   if (n == 0) return;
   const int nstate = optimizer_state_count(h.kind);
@@ -227,7 +202,7 @@ void CudaOps::optimizer_update(const OptimizerHyper& h, Tensor& param, const Ten
 void CudaOps::optimizer_update_many(const OptimizerHyper& h, std::span<const OptimizerSlot> slots) {
   NvtxRange range("optimizer_update_many");
   for (const OptimizerSlot& s : slots)
-    check_optimizer_args(h, *s.param, *s.grad, s.state0, s.state1);
+    check_optimizer_update(h, *s.param, *s.grad, s.state0, s.state1);
   const int nstate = optimizer_state_count(h.kind);
   const OptArgs a = opt_args(h);
   // One launch per (param, grad) dtype pair and per kMultiTensors / kMultiBlocks of metadata.

@@ -1,0 +1,119 @@
+// Argument validation shared by every backend's ops (kernels/ops.h): the same checks and the
+// same messages on the CPU and on CUDA. Each throws std::invalid_argument "op: message".
+// Free of fmt and CUDA headers, so that .cu files include it as they are.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kernels/ops.h"
+#include "kernels/tensor.h"
+
+namespace memtrade {
+
+[[noreturn]] void throw_bad_op_argument(std::string_view op, const std::string& message);
+
+// t is defined and of a float dtype (F32, F16, BF16) / of I32.
+void check_float(std::string_view op, std::string_view name, const Tensor& t);
+void check_i32(std::string_view op, std::string_view name, const Tensor& t);
+// t has exactly `shape`.
+void check_shape(std::string_view op, std::string_view name, const Tensor& t, const Shape& shape);
+void check_same_numel(std::string_view op, const Tensor& a, const Tensor& b);
+
+// Rows of an (..., C) tensor: the product of its leading dimensions (not numel / C, which
+// divides by zero when C == 0; an (N, 0) tensor has N rows). 1 for a 0-d tensor.
+std::int64_t leading_rows(const Tensor& t);
+
+// matmul: c = op(a)·op(b), all 2-D or all 3-D (a batch), float; the problem's sizes.
+struct MatmulDims {
+  std::int64_t batch, m, n, k;
+};
+MatmulDims check_matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
+                        bool trans_b);
+
+// linear: inp (..., C), weight (OC, C), out/dout (..., OC), bias/dbias (OC); grads nullptr
+// where not wanted. rows = leading_rows(inp).
+struct LinearDims {
+  std::int64_t rows, oc, c;
+};
+LinearDims check_linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                                const Tensor* bias);
+LinearDims check_linear_backward(const Tensor* dinp, const Tensor* dweight, const Tensor* dbias,
+                                 const Tensor& dout, const Tensor& inp, const Tensor& weight);
+
+// layernorm over the last dimension C of inp (rows = leading_rows(inp)); mean, rstd (rows) F32.
+struct RowDims {
+  std::int64_t rows, c;
+};
+RowDims check_layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& inp, const Tensor& weight, const Tensor& bias);
+RowDims check_layernorm_backward(const Tensor& dinp, const Tensor* dweight, const Tensor* dbias,
+                                 const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                 const Tensor& mean, const Tensor& rstd);
+
+// softmax over the last dimension: out (and dinp, dout) shaped like inp / out, all float.
+RowDims check_softmax_forward(const Tensor& out, const Tensor& inp);
+RowDims check_softmax_backward(const Tensor& dinp, const Tensor& dout, const Tensor& out);
+
+// Element-wise ops: float operands of one shape.
+void check_unary(std::string_view op, const Tensor& out, const Tensor& inp);
+void check_binary(std::string_view op, const Tensor& out, const Tensor& a, const Tensor& b);
+
+// A per-row statistic (layer-norm mean/rstd, batch-norm mean/invstd): F32 with n elements.
+void check_stat(std::string_view op, std::string_view name, const Tensor& t, std::int64_t n);
+
+// (N, C, H, W) float tensor; a per-channel (C) vector, F32 when need_f32.
+void check_nchw(std::string_view op, std::string_view name, const Tensor& t);
+void check_channel_vec(std::string_view op, std::string_view name, const Tensor& t, std::int64_t c,
+                       bool need_f32);
+
+// batch-norm over (N, C, H, W): out/dinp/dout like inp, gamma/beta/dgamma/dbeta (C) of any float
+// dtype, mean/invstd (C) F32, running statistics (C) when given. The channel count C.
+std::int64_t check_batchnorm_forward(const Tensor& out, const Tensor& mean, const Tensor& invstd,
+                                     const Tensor& inp, const Tensor& gamma, const Tensor& beta,
+                                     const Tensor* running_mean, const Tensor* running_var);
+std::int64_t check_batchnorm_backward(const Tensor& dinp, const Tensor* dgamma, const Tensor* dbeta,
+                                      const Tensor& dout, const Tensor& inp, const Tensor& gamma,
+                                      const Tensor& mean, const Tensor& invstd);
+
+// (B, T) tokens, (V, C) wte-like and (maxT, C) wpe-like tables (either may be nullptr) against
+// (B, T, C) activations.
+void check_embedding_shapes(std::string_view op, const Tensor& bt_c, const Tensor& tokens,
+                            const Tensor* wte, const Tensor* wpe);
+// (N, V) float logits with V >= 1 and N I32 targets; returns N. (Target values are the
+// backend's to check: the CPU reads them, CUDA cannot without a sync.)
+std::int64_t check_ce(std::string_view op, const Tensor& logits, const Tensor& targets);
+
+// Ops::optimizer_update's arguments: float param and grad of one element count, the states
+// the kind needs (float, as many elements as the param), step >= 1.
+void check_optimizer_update(const OptimizerHyper& h, const Tensor& param, const Tensor& grad,
+                            const Tensor* state0, const Tensor* state1);
+
+// Causal self-attention on packed qkv (B, T, 3C), C = NH · hd.
+struct AttentionDims {
+  std::int64_t b, t, c, nh, hd;
+};
+// att (B, NH, T, T) float; out (B, T, C) float when given (attention_forward; nullptr for
+// attention_probs). `op` names the caller.
+AttentionDims check_attention_forward(std::string_view op, const Tensor* out, const Tensor& att,
+                                      const Tensor& qkv, int n_head);
+// dqkv like qkv, dout (B, T, C), att (B, NH, T, T), all float.
+AttentionDims check_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                       const Tensor& att, int n_head);
+
+// conv2d: inp (N, Ci, H, W), weight (Co, Ci, KH, KW), stride >= 1, pad >= 0, kernel within the
+// padded input; out/dout (N, Co, OH, OW), bias/dbias (Co), dinp/dweight like inp/weight (grads
+// nullptr where not wanted).
+struct ConvDims {
+  std::int64_t n, ci, h, w, co, kh, kw, oh, ow, stride, pad;
+  std::int64_t k() const { return ci * kh * kw; }  // rows of the im2col matrix
+  std::int64_t p() const { return oh * ow; }       // output pixels per image
+};
+ConvDims check_conv_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                            const Tensor* bias, int stride, int pad);
+ConvDims check_conv_backward(const Tensor* dinp, const Tensor* dweight, const Tensor* dbias,
+                             const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                             int stride, int pad);
+
+}  // namespace memtrade
