@@ -1,8 +1,8 @@
-// build/memtrade: one binary, many subcommands (see harness/cli.cpp).
+// build/memtrade: one binary, many subcommands (see harness/cli/cli.cpp).
 #include <unistd.h>
 #include <cstdlib>
 
-#include "harness/cli.h"
+#include "harness/cli/cli.h"
 
 int main(int argc, char** argv) {
   // OpenMP threads that spin between parallel regions (libgomp's default) starve each other as

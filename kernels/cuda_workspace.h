@@ -1,5 +1,5 @@
 // The CUDA backend's persistent workspace, declared without CUDA headers so that the memory
-// model (harness/estimate.cpp with --backend cuda) counts it on machines without CUDA too.
+// model (harness/run/estimate.cpp with --backend cuda) counts it on machines without CUDA too.
 #pragma once
 
 #include <cstddef>

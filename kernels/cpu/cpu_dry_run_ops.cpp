@@ -1,6 +1,6 @@
 // Dry-run CPU ops: no arithmetic, no reads or writes of tensor memory, but every scratch
 // buffer the real CPU ops take, of the same size and category, in the same order. The memory
-// model (harness/estimate.cpp) runs a whole training step with them on a device whose memory
+// model (harness/run/estimate.cpp) runs a whole training step with them on a device whose memory
 // is address space only. tests/harness/test_estimate.cpp holds them to the real ops: the
 // predicted peak must equal the measured one on every smoke-grid point.
 #include <optional>

@@ -16,7 +16,7 @@ std::unique_ptr<Ops> make_cpu_ops();
 namespace memtrade {
 
 // The same scratch allocations as make_cpu_ops()'s ops, without arithmetic or memory access:
-// what the memory model (harness/estimate.cpp) runs a step with. For Backend::cuda, the
+// what the memory model (harness/run/estimate.cpp) runs a step with. For Backend::cuda, the
 // backend-neutral scratch (Category::temporaries, equal on both backends) plus the CUDA ops'
 // persistent cuBLASLt workspace instead of the CPU's workspace; CUDA's transient workspace
 // (cuDNN's, dtype casts, sort buffers) is not modelled.

@@ -1,0 +1,134 @@
+#include "harness/cli/cli.h"
+#include "harness/common/bad_input.h"
+
+#include <toml++/toml.h>
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include "harness/cli/command.h"
+#include "harness/cli/gate_commands.h"
+#include "harness/cli/knob_flags.h"
+#include "harness/run/point_runner.h"
+#include "harness/run/step_dump.h"
+#include "kernels/device.h"
+#include "models/model.h"
+
+namespace memtrade {
+namespace {
+
+std::string version_text() {
+  std::string out;
+  for (const auto& [lib, version] : library_versions())
+    out += fmt::format("{:<14} {}\n", lib, version);
+  out += fmt::format("{:<14} {}.{}.{}\n", "nlohmann-json", NLOHMANN_JSON_VERSION_MAJOR,
+                     NLOHMANN_JSON_VERSION_MINOR, NLOHMANN_JSON_VERSION_PATCH);
+  out += fmt::format("{:<14} {}\n", "CLI11", CLI11_VERSION);
+  out += fmt::format("{:<14} {}.{}.{}\n", "toml++", TOML_LIB_MAJOR, TOML_LIB_MINOR, TOML_LIB_PATCH);
+  return out;
+}
+
+int cmd_devices() {
+  for (const auto& s : probe_backends())
+    fmt::print("{:<5} {:<10} {}\n", backend_name(s.backend), s.usable ? "usable" : "unusable",
+               s.detail);
+  return 0;
+}
+
+// A device for one point's flags; tf32 is a tensor-core format, so the CPU cannot honour it.
+std::unique_ptr<Device> device_for(const KnobFlags& flags, const TrainConfig& cfg) {
+  DeviceOptions options;
+  options.capacity = parse_capacity_flag(flags.capacity);
+  options.threads = flags.threads;
+  std::unique_ptr<Device> dev;
+  try {
+    dev = make_device(flags.backend, options);
+  } catch (const std::runtime_error& e) {
+    throw BadInput(fmt::format("--backend {}: {}", flags.backend, e.what()));
+  }
+  if (cfg.precision == Precision::tf32 && dev->backend() != Backend::cuda)
+    throw BadInput("--precision tf32 needs the cuda backend (TF32 is a tensor-core format)");
+  return dev;
+}
+
+}  // namespace
+
+void register_point_commands(CLI::App& app, Commands& cmds) {
+  CLI::App* devices = app.add_subcommand("devices", "List the backends usable here");
+  cmds.add(devices, [] { return cmd_devices(); });
+
+  auto& step_flags = cmds.keep<KnobFlags>();
+  auto& dump_dir = cmds.keep<std::string>();
+  CLI::App* step = app.add_subcommand("step", "Run one optimizer step of one point");
+  add_knob_flags(*step, step_flags);
+  step->add_option("--dump", dump_dir, "Write inputs, loss, params, grads (.npy) to this dir");
+  cmds.add(step, [&step_flags, &dump_dir] {
+    TrainConfig cfg = to_train_config(step_flags);
+    auto dev = device_for(step_flags, cfg);
+    auto model = make_model(cfg.model);
+    if (!dump_dir.empty()) {
+      write_step_dump(*dev, *model, cfg, dump_dir);
+      fmt::print("wrote step dump of {} to {}\n", cfg.model, dump_dir);
+      return 0;
+    }
+    PointRunOptions one;
+    one.warmup = 0;
+    one.steps = 1;
+    return run_point_and_print(*dev, *model, cfg, one);
+  });
+}
+
+int cli_main(int argc, char** argv) {
+  CLI::App app{"memtrade: memory/throughput trade-offs of deep-learning training"};
+  app.name("memtrade");
+  app.require_subcommand(0, 1);
+  bool show_version = false;
+  app.add_flag("--version", show_version, "Print versions of memtrade and its libraries");
+
+  Commands cmds;
+  // ---- every module's subcommands (one line each) ----
+  register_point_commands(app, cmds);
+  register_gate_commands(app, cmds);
+  register_run_commands(app, cmds);
+  register_report_commands(app, cmds);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "memtrade: %s\n", e.what());
+    return 2;
+  }
+
+  try {
+    if (show_version) {
+      std::fputs(version_text().c_str(), stdout);
+      return 0;
+    }
+    for (const auto& c : cmds.list())
+      if (c.app->parsed()) return c.action();
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const BadInput& e) {
+    std::fprintf(stderr, "memtrade: %s\n", e.what());
+    return 2;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "memtrade: %s\n", e.what());
+    return 2;
+  } catch (const OutOfMemory& e) {
+    std::fprintf(stderr, "memtrade: %s\n", e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memtrade: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace memtrade

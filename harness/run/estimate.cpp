@@ -1,0 +1,110 @@
+#include "harness/run/estimate.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "harness/run/point_runner.h"
+#include "kernels/cpu/cpu_device.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "models/model.h"
+#include "models/trainer.h"
+
+namespace memtrade {
+namespace {
+
+// Address space without memory: segments get distinct, aligned, never-touched addresses. The
+// CachingAllocator keeps its bookkeeping outside the blocks, so it never dereferences them.
+class MetaProvider final : public RawProvider {
+ public:
+  void* allocate(std::size_t bytes) override {
+    std::uintptr_t p = next_;
+    next_ += (bytes + kAlign - 1) / kAlign * kAlign + kAlign;  // a gap keeps segments apart
+    return reinterpret_cast<void*>(p);
+  }
+  void release(void*, std::size_t) noexcept override {}
+  std::string_view name() const override { return "meta"; }
+
+ private:
+  static constexpr std::uintptr_t kAlign = 2 * MiB;
+  std::uintptr_t next_ = std::uintptr_t{1} << 44;  // far from anything mapped
+};
+
+class MetaEvent final : public Event {
+ public:
+  void record(StreamKind) override {}
+  void synchronize() override {}
+  double seconds_since(const Event&) const override { return 0.0; }
+};
+
+// The device the memory model runs the step on. Device memory is meta; pinned host memory is
+// real (the Trainer writes staged batches and host-resident weights into it), and so is the
+// host-side arithmetic of the offload modes, which the Trainer runs with its own CPU ops.
+class MetaDevice final : public Device {
+ public:
+  MetaDevice(Backend backend, std::size_t capacity)
+      : backend_(backend),
+        memory_(std::make_unique<MetaProvider>(), capacity),
+        pinned_(std::make_unique<HostProvider>()),
+        ops_(make_dry_run_ops(backend)) {}
+
+  Backend backend() const override { return backend_; }
+  std::string name() const override { return "meta"; }
+  std::size_t total_memory() const override { return 0; }
+  CachingAllocator& memory() override { return memory_; }
+  CachingAllocator& pinned() override { return pinned_; }
+  Ops& ops() override { return *ops_; }
+  void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind, StreamKind) override {
+    if (kind == CopyKind::host_to_host && bytes > 0) std::memcpy(dst, src, bytes);
+    count_transfer(kind, bytes);
+  }
+  void synchronize() override {}
+  void synchronize(StreamKind) override {}
+  std::unique_ptr<Event> make_event() override { return std::make_unique<MetaEvent>(); }
+  void wait(StreamKind, Event&) override {}
+
+ private:
+  Backend backend_;
+  CachingAllocator memory_;
+  CachingAllocator pinned_;
+  std::unique_ptr<Ops> ops_;
+};
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::size_t capacity,
+                               int warmup) {
+  auto start = std::chrono::steady_clock::now();
+  MemoryEstimate e;
+  MetaDevice dev(backend, capacity);
+  auto model = make_model(cfg.model);
+  try {
+    Trainer trainer(dev, *model, cfg);
+    for (int i = 0; i < warmup; ++i) trainer.step();
+    dev.memory().reset_peak();
+    dev.pinned().reset_peak();
+    trainer.step();
+  } catch (const OutOfMemory& oom) {
+    e.fits = false;
+    e.oom_message = oom.what();
+  }
+  const AllocatorStats& s = dev.memory().stats();
+  e.peak_allocated = s.allocated.peak;
+  e.peak_reserved = s.reserved.peak;
+  e.host_pinned_peak = dev.pinned().stats().allocated.peak;
+  e.breakdown_at_peak = s.by_category_at_peak;
+  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return e;
+}
+
+nlohmann::json estimate_json(const MemoryEstimate& e) {
+  nlohmann::json b = breakdown_json(e.breakdown_at_peak);
+  return {{"peak_allocated", e.peak_allocated},
+          {"peak_reserved", e.peak_reserved},
+          {"host_pinned_peak", e.host_pinned_peak},
+          {"breakdown_at_peak", b},
+          {"fits", e.fits},
+          {"oom", e.fits ? nlohmann::json(nullptr) : nlohmann::json(e.oom_message)},
+          {"seconds", e.seconds}};
+}
+
+}  // namespace memtrade

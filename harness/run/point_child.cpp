@@ -1,0 +1,187 @@
+#include "harness/run/point_child.h"
+
+#include <unistd.h>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "harness/common/bad_input.h"
+#include "harness/run/estimate.h"
+#include "harness/run/point_runner.h"
+#include "harness/run/results.h"
+#include "kernels/device.h"
+#include "models/model.h"
+
+namespace memtrade {
+namespace {
+
+// Peak dense rate of the device for this precision, where known (for MFU).
+std::optional<double> peak_flops(const Device& dev, Precision p) {
+  std::string name = dev.name();
+  if (name.find("H200") != std::string::npos || name.find("H100") != std::string::npos)
+    return p == Precision::fp32 ? 67e12 : p == Precision::tf32 ? 494.7e12 : 989.4e12;
+  if (name.find("A100") != std::string::npos)
+    return p == Precision::fp32 ? 19.5e12 : p == Precision::tf32 ? 156e12 : 312e12;
+  return std::nullopt;
+}
+
+}  // namespace
+
+nlohmann::json job_json(const PointJob& job) {
+  return {{"config", config_json(job.point.config)},
+          {"backend", job.backend},
+          {"capacity", job.capacity},
+          {"warmup", job.warmup},
+          {"steps", job.steps},
+          {"threads", job.threads},
+          {"trace", job.trace_path}};
+}
+
+PointJob job_from_json(const nlohmann::json& j) {
+  PointJob job;
+  job.point.config = config_from_json(j.at("config"));
+  job.point.id = point_id(job.point.config);
+  job.backend = j.at("backend").get<std::string>();
+  job.capacity = j.at("capacity").get<std::size_t>();
+  job.warmup = j.at("warmup").get<int>();
+  job.steps = j.at("steps").get<int>();
+  job.threads = j.at("threads").get<int>();
+  job.trace_path = j.value("trace", "");
+  return job;
+}
+
+namespace {
+
+// Fault injection for the harness's own tests: MEMTRADE_FAULT="crash:ID-SUBSTRING" (SIGSEGV),
+// "hang:..." (never returns), "exit:..." (exit 3 without a result) or "bloat:..." (1 MiB more
+// device memory held through the run: a planted memory regression) in the point whose id
+// contains the substring. Nothing else reads it.
+bool fault_requested(const std::string& id, const std::string& want) {
+  const char* env = std::getenv("MEMTRADE_FAULT");
+  if (env == nullptr) return false;
+  std::string spec = env;
+  auto colon = spec.find(':');
+  std::string match = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  return spec.substr(0, colon) == want && id.find(match) != std::string::npos;
+}
+
+void maybe_inject_fault(const std::string& id) {
+  const char* env = std::getenv("MEMTRADE_FAULT");
+  if (env == nullptr) return;
+  std::string spec = env;
+  auto colon = spec.find(':');
+  std::string kind = spec.substr(0, colon);
+  std::string match = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  if (id.find(match) == std::string::npos) return;
+  if (kind == "crash") std::raise(SIGSEGV);
+  if (kind == "hang")
+    for (;;) pause();
+  if (kind == "exit") std::_Exit(3);
+}
+
+}  // namespace
+
+nlohmann::json run_point_row(const PointJob& job) {
+  maybe_inject_fault(job.point.id);
+  const TrainConfig& cfg = job.point.config;
+  nlohmann::json row = failed_point(job.point, "error", "");
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Model> model;
+  try {
+    DeviceOptions options;
+    options.capacity = job.capacity;
+    options.threads = job.threads;
+    dev = make_device(job.backend, options);
+    model = make_model(cfg.model);
+    row["config"]["hyper"] = model->hyper();
+    if (cfg.precision == Precision::tf32 && dev->backend() != Backend::cuda) {
+      row["status"] = "skipped";
+      row["error"] = "precision tf32 needs the cuda backend";
+      return row;
+    }
+  } catch (const std::exception& e) {
+    row["error"] = e.what();
+    return row;
+  }
+
+  std::optional<MemoryEstimate> predicted;
+  try {
+    predicted = estimate_memory(cfg, dev->backend(), job.capacity);
+  } catch (const std::exception&) {
+    // The prediction is a cross-check; a failure to predict must not lose the measurement.
+  }
+
+  Tensor bloat;
+  if (fault_requested(job.point.id, "bloat"))
+    bloat = dev->empty({static_cast<std::int64_t>(MiB / 4)}, DType::I32, Category::temporaries);
+
+  PointRunOptions ro;
+  ro.warmup = job.warmup;
+  ro.steps = job.steps;
+  ro.trace_last_step = !job.trace_path.empty();
+  try {
+    PointMeasurement m = run_point(*dev, *model, cfg, ro);
+    nlohmann::json j = measurement_json(*dev, *model, cfg, m);
+    row["memory"] = j["memory"];
+    row["time"] = j["time"];
+    row["throughput"] = j["throughput"];
+    row["train"] = j["train"];
+    row["transfer"] = j["transfer"];
+    auto peak = peak_flops(*dev, cfg.precision);
+    row["throughput"]["mfu"] = peak && m.median_s > 0
+                                   ? nlohmann::json(m.flops_per_step / m.median_s / *peak)
+                                   : nlohmann::json(nullptr);
+    row["memory"]["predicted_peak"] =
+        predicted ? nlohmann::json(predicted->peak_allocated) : nlohmann::json(nullptr);
+    row["memory"]["predicted_breakdown"] =
+        predicted ? breakdown_json(predicted->breakdown_at_peak) : nlohmann::json(nullptr);
+    if (!m.device_peak) row["memory"]["device_peak"] = nullptr;
+    if (!std::isfinite(m.loss_first) || !std::isfinite(m.loss_last)) {
+      row["status"] = "error";
+      row["error"] = fmt::format("non-finite loss ({} -> {})", m.loss_first, m.loss_last);
+    } else {
+      row["status"] = "ok";
+      row["error"] = nullptr;
+    }
+    if (ro.trace_last_step) {
+      nlohmann::json events = nlohmann::json::array();
+      for (const auto& e : m.trace) {
+        static const char* kinds[] = {"alloc", "free", "segment_alloc", "segment_free", "oom"};
+        events.push_back({{"seq", e.seq},
+                          {"kind", kinds[static_cast<int>(e.kind)]},
+                          {"bytes", e.bytes},
+                          {"requested", e.requested},
+                          {"category", category_name(e.category)},
+                          {"phase", e.phase},
+                          {"allocated", e.allocated_after},
+                          {"reserved", e.reserved_after}});
+      }
+      write_json_atomic(job.trace_path, {{"schema", "memtrade.trace/1"},
+                                         {"point", job.point.id},
+                                         {"config", row["config"]},
+                                         {"live_at_start", breakdown_json(m.trace_live_at_start)},
+                                         {"events", events}});
+    }
+  } catch (const OutOfMemory& e) {
+    const AllocatorStats& s = dev->memory().stats();
+    row["status"] = "oom";
+    row["error"] = e.what();
+    row["memory"] = {{"peak_allocated", s.allocated.peak},
+                     {"peak_requested", s.requested.peak},
+                     {"peak_reserved", s.reserved.peak},
+                     {"breakdown_at_peak", breakdown_json(s.by_category_at_peak)},
+                     {"predicted_peak", predicted ? nlohmann::json(predicted->peak_allocated)
+                                                  : nlohmann::json(nullptr)},
+                     {"device_peak", nullptr},
+                     {"host_pinned_peak", dev->pinned().stats().allocated.peak}};
+  } catch (const std::exception& e) {
+    row["status"] = "error";
+    row["error"] = e.what();
+  }
+  return row;
+}
+
+}  // namespace memtrade

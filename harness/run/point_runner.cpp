@@ -1,0 +1,158 @@
+#include "harness/run/point_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "harness/run/grid.h"
+#include "models/trainer.h"
+
+namespace memtrade {
+
+nlohmann::json breakdown_json(const std::array<std::int64_t, kNumCategories>& bytes) {
+  nlohmann::json j = nlohmann::json::object();
+  for (std::size_t c = 0; c < kNumCategories; ++c)
+    j[std::string(category_name(static_cast<Category>(c)))] = bytes[c];
+  return j;
+}
+
+double quantile(std::vector<double> s, double q) {
+  if (s.empty()) return 0.0;
+  std::sort(s.begin(), s.end());
+  double pos = q * static_cast<double>(s.size() - 1);
+  auto lo = static_cast<std::size_t>(std::floor(pos));
+  std::size_t hi = std::min(lo + 1, s.size() - 1);
+  return s[lo] + (pos - static_cast<double>(lo)) * (s[hi] - s[lo]);
+}
+
+PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
+                           const PointRunOptions& options) {
+  PointMeasurement m;
+  Trainer trainer(dev, model, cfg);
+  for (int i = 0; i < options.warmup; ++i) trainer.step();
+  dev.synchronize();
+  dev.memory().reset_peak();
+  dev.pinned().reset_peak();
+  dev.reset_transfers();
+
+  auto start = dev.make_event();
+  auto stop = dev.make_event();
+  for (int i = 0; i < options.steps; ++i) {
+    bool trace = options.trace_last_step && i + 1 == options.steps;
+    if (trace) {
+      dev.memory().clear_trace();
+      dev.memory().enable_trace(true);
+      m.trace_live_at_start = dev.memory().stats().by_category;
+    }
+    start->record(StreamKind::compute);
+    StepResult r = trainer.step();
+    stop->record(StreamKind::compute);
+    stop->synchronize();
+    m.samples_s.push_back(stop->seconds_since(*start));
+    if (trace) {
+      dev.memory().enable_trace(false);
+      m.trace = dev.memory().trace();
+    }
+    if (auto used = dev.driver_used_bytes())
+      m.device_peak = std::max<std::int64_t>(m.device_peak.value_or(0), *used);
+    if (i == 0) m.loss_first = r.loss;
+    m.loss_last = r.loss;
+    m.skipped_steps += r.skipped ? 1 : 0;
+    m.loss_scale = r.loss_scale;
+  }
+  m.memory = dev.memory().stats();
+  m.pinned = dev.pinned().stats();
+  m.transfers = dev.transfers();
+  m.median_s = quantile(m.samples_s, 0.5);
+  m.p10_s = quantile(m.samples_s, 0.1);
+  m.p90_s = quantile(m.samples_s, 0.9);
+  double mean = std::accumulate(m.samples_s.begin(), m.samples_s.end(), 0.0) /
+                static_cast<double>(m.samples_s.size());
+  double var = 0;
+  for (double x : m.samples_s) var += (x - mean) * (x - mean);
+  m.cv = m.samples_s.size() > 1 && mean > 0
+             ? std::sqrt(var / static_cast<double>(m.samples_s.size() - 1)) / mean
+             : 0.0;
+  if (m.median_s > 0) {
+    m.samples_per_s = static_cast<double>(trainer.samples_per_step()) / m.median_s;
+    m.tokens_per_s = static_cast<double>(trainer.tokens_per_step()) / m.median_s;
+  }
+  RunOptions ro;
+  ro.act_dtype = compute_dtype(cfg.precision);
+  ro.training = cfg.mode == Mode::train;
+  ro.checkpoint = cfg.checkpoint;
+  FlopCount f = model.flops(cfg.batch_size, ro);
+  m.flops_per_step = (ro.training ? f.total() : f.forward) * static_cast<double>(cfg.accumulation);
+  return m;
+}
+
+nlohmann::json measurement_json(const Device& dev, const Model& model, const TrainConfig& cfg,
+                                const PointMeasurement& m) {
+  nlohmann::json breakdown = breakdown_json(m.memory.by_category_at_peak);
+  nlohmann::json config = config_json(cfg);
+  config["hyper"] = model.hyper();
+  return {
+      {"config", config},
+      {"backend", backend_name(dev.backend())},
+      {"device", dev.name()},
+      {"status", "ok"},
+      {"error", nullptr},
+      {"memory",
+       {{"peak_allocated", m.memory.allocated.peak},
+        {"peak_requested", m.memory.requested.peak},
+        {"peak_reserved", m.memory.reserved.peak},
+        {"breakdown_at_peak", breakdown},
+        {"device_peak", m.device_peak ? nlohmann::json(*m.device_peak) : nlohmann::json(nullptr)},
+        {"host_pinned_peak", m.pinned.allocated.peak}}},
+      {"time",
+       {{"samples_s", m.samples_s},
+        {"median_s", m.median_s},
+        {"p10_s", m.p10_s},
+        {"p90_s", m.p90_s},
+        {"cv", m.cv}}},
+      {"throughput",
+       {{"samples_per_s", m.samples_per_s},
+        {"tokens_per_s", m.tokens_per_s},
+        {"flops_per_step", m.flops_per_step},
+        {"tflops", m.median_s > 0 ? m.flops_per_step / m.median_s / 1e12 : 0.0}}},
+      {"train",
+       {{"loss_first", m.loss_first},
+        {"loss_last", m.loss_last},
+        {"skipped_steps", m.skipped_steps},
+        {"loss_scale", m.loss_scale}}},
+      {"transfer", {{"h2d_bytes", m.transfers.h2d_bytes}, {"d2h_bytes", m.transfers.d2h_bytes}}},
+  };
+}
+
+int run_point_and_print(Device& dev, Model& model, const TrainConfig& cfg,
+                        const PointRunOptions& options) {
+  PointMeasurement m = run_point(dev, model, cfg, options);
+  fmt::print("{} on {}\n", model.name(), dev.name());
+  fmt::print("  config       batch {} x {}, {}, checkpoint {}, {}, offload {}, {}\n",
+             cfg.batch_size, cfg.accumulation, precision_name(cfg.precision), cfg.checkpoint.str(),
+             optimizer_name(cfg.optimizer), offload_name(cfg.offload), mode_name(cfg.mode));
+  fmt::print("  loss         {:.4f} -> {:.4f} ({} skipped)\n", m.loss_first, m.loss_last,
+             m.skipped_steps);
+  fmt::print("  peak memory  {} allocated, {} reserved, {} pinned host\n",
+             format_bytes(m.memory.allocated.peak), format_bytes(m.memory.reserved.peak),
+             format_bytes(m.pinned.allocated.peak));
+  for (std::size_t c = 0; c < kNumCategories; ++c)
+    if (m.memory.by_category_at_peak[c] > 0)
+      fmt::print("    {:<12} {}\n", category_name(static_cast<Category>(c)),
+                 format_bytes(m.memory.by_category_at_peak[c]));
+  fmt::print("  step time    median {:.3f} ms (p10 {:.3f}, p90 {:.3f}, cv {:.1f}%) over {} steps\n",
+             m.median_s * 1e3, m.p10_s * 1e3, m.p90_s * 1e3, m.cv * 100, m.samples_s.size());
+  fmt::print("  throughput   {:.1f} samples/s, {:.0f} tokens/s, {:.2f} GFLOP/s\n", m.samples_per_s,
+             m.tokens_per_s, m.median_s > 0 ? m.flops_per_step / m.median_s / 1e9 : 0.0);
+  if (!options.out.empty()) {
+    std::ofstream out(options.out);
+    if (!out) throw std::runtime_error("cannot write " + options.out);
+    out << measurement_json(dev, model, cfg, m).dump(2) << "\n";
+  }
+  return std::isfinite(m.loss_last) ? 0 : 1;
+}
+
+}  // namespace memtrade

@@ -1,0 +1,121 @@
+#include "harness/run/step_dump.h"
+
+#include <fstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "harness/run/npy.h"
+#include "models/trainer.h"
+
+namespace memtrade {
+
+nlohmann::json step_config_json(const TrainConfig& cfg, float effective_lr) {
+  nlohmann::json c;
+  c["model"] = cfg.model;
+  c["batch_size"] = cfg.batch_size;
+  c["accumulation"] = cfg.accumulation;
+  c["precision"] = precision_name(cfg.precision);
+  // A density is a number, as in grid files; sqrt and selective are strings.
+  if (cfg.checkpoint.kind == Checkpoint::Kind::density)
+    c["checkpoint"] = cfg.checkpoint.density;
+  else
+    c["checkpoint"] = cfg.checkpoint.str();
+  c["optimizer"] = optimizer_name(cfg.optimizer);
+  c["offload"] = offload_name(cfg.offload);
+  c["zero_grad"] = zero_grad_name(cfg.zero_grad);
+  c["mode"] = mode_name(cfg.mode);
+  c["empty_cache"] = empty_cache_name(cfg.empty_cache);
+  c["input"] = input_name(cfg.input);
+  c["seed"] = cfg.seed;
+  c["lr"] = effective_lr;
+  c["loss_scale_init"] = cfg.loss_scale_init;
+  c["loss_scale_growth_interval"] = cfg.loss_scale_growth_interval;
+  return c;
+}
+
+nlohmann::json optimizer_hyper_json(const OptimizerHyper& h) {
+  return nlohmann::json{{"kind", optimizer_name(h.kind)},
+                        {"lr", h.lr},
+                        {"weight_decay", h.weight_decay},
+                        {"momentum", h.momentum},
+                        {"dampening", h.dampening},
+                        {"nesterov", h.nesterov},
+                        {"beta1", h.beta1},
+                        {"beta2", h.beta2},
+                        {"eps", h.eps},
+                        {"alpha", h.alpha},
+                        {"lr_decay", h.lr_decay},
+                        {"initial_accumulator_value", h.initial_accumulator_value}};
+}
+
+void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
+                     const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  const bool train = cfg.mode == Mode::train;
+  fs::create_directories(dir / "params");
+  if (train) {
+    fs::create_directories(dir / "grads");
+    fs::create_directories(dir / "params_after");
+  }
+
+  Trainer trainer(dev, model, cfg);
+  trainer.set_capture_grads(true);
+  const auto& specs = model.params();
+  nlohmann::json names = nlohmann::json::array();
+  nlohmann::json shapes = nlohmann::json::object();
+  for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
+    const ParamSpec& s = specs[static_cast<std::size_t>(i)];
+    if (!s.trainable) continue;
+    names.push_back(s.name);
+    shapes[s.name] = s.shape;
+    write_npy(dir / "params" / (s.name + ".npy"), trainer.param_f32(i), s.shape);
+  }
+
+  const StepResult r = trainer.step();
+
+  const std::int64_t samples = trainer.samples_per_step();
+  const Shape in_shape = model.input_shape(samples);
+  const std::vector<float>& inputs = trainer.last_inputs();
+  if (model.input_dtype(compute_dtype(cfg.precision)) == DType::I32) {
+    std::vector<std::int32_t> tokens(inputs.begin(), inputs.end());
+    write_npy(dir / "inputs.npy", tokens, in_shape);
+  } else {
+    write_npy(dir / "inputs.npy", inputs, in_shape);
+  }
+  write_npy(dir / "targets.npy", trainer.last_targets(), model.target_shape(samples));
+  const float loss = static_cast<float>(r.loss);
+  write_npy(dir / "loss.npy", std::span<const float>(&loss, 1), Shape{});
+
+  if (train) {
+    for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
+      const ParamSpec& s = specs[static_cast<std::size_t>(i)];
+      if (!s.trainable) continue;
+      std::vector<float> g = trainer.grad_f32(i);
+      if (g.empty()) g.assign(static_cast<std::size_t>(shape_numel(s.shape)), 0.0f);  // unused
+      write_npy(dir / "grads" / (s.name + ".npy"), g, s.shape);
+      write_npy(dir / "params_after" / (s.name + ".npy"), trainer.param_f32(i), s.shape);
+    }
+  }
+
+  nlohmann::json meta;
+  meta["schema"] = "memtrade.step/1";
+  meta["config"] = step_config_json(cfg, trainer.optimizer_hyper().lr);
+  meta["hyper"] = model.hyper();
+  meta["params"] = names;
+  meta["shapes"] = shapes;
+  meta["optimizer_hyper"] = optimizer_hyper_json(trainer.optimizer_hyper());
+  meta["loss"] = r.loss;
+  meta["loss_scale"] = r.loss_scale;
+  meta["skipped"] = r.skipped;
+  meta["samples"] = samples;
+  meta["tokens"] = trainer.tokens_per_step();
+  meta["device"] = dev.name();
+  meta["backend"] = backend_name(dev.backend());
+  std::ofstream out(dir / "meta.json", std::ios::trunc);
+  if (!out) throw std::runtime_error(fmt::format("cannot write {}", (dir / "meta.json").string()));
+  out << meta.dump(2) << '\n';
+  if (!out) throw std::runtime_error(fmt::format("error writing {}", (dir / "meta.json").string()));
+}
+
+}  // namespace memtrade
