@@ -145,6 +145,18 @@ std::vector<std::string> optimizer_names() {
 std::vector<std::string> offload_names() {
   return names(kOffloads);
 }
+std::vector<std::string> zero_grad_names() {
+  return names(kZeroGrads);
+}
+std::vector<std::string> mode_names() {
+  return names(kModes);
+}
+std::vector<std::string> empty_cache_names() {
+  return names(kEmptyCaches);
+}
+std::vector<std::string> input_names() {
+  return names(kInputs);
+}
 
 DType compute_dtype(Precision p) {
   switch (p) {

@@ -1,7 +1,9 @@
-// TrainConfig: one point of the grid — every knob of DESIGN.md's table, with its default.
+// TrainConfig: one point of the grid — every knob, with its default (the member initialisers
+// below are the one home of the defaults).
 //
-// The harness builds it from flags or a grid file; the Trainer obeys it. Spellings here are the
-// contract: they appear in grid files, CLI flags and results JSON.
+// The harness builds it from flags or a grid file through the knob table (models/knobs.h); the
+// Trainer obeys it. The spellings here are the contract: they appear in grid files, CLI flags,
+// point ids and results JSON.
 #pragma once
 
 #include <cstdint>
@@ -70,6 +72,10 @@ std::optional<InputMemory> parse_input(std::string_view s);
 std::vector<std::string> precision_names();
 std::vector<std::string> optimizer_names();
 std::vector<std::string> offload_names();
+std::vector<std::string> zero_grad_names();
+std::vector<std::string> mode_names();
+std::vector<std::string> empty_cache_names();
+std::vector<std::string> input_names();
 
 // The storage dtype of weights/activations and whether an fp32 master copy exists.
 DType compute_dtype(Precision p);

@@ -1,27 +1,20 @@
-// Every grid axis as a flag (`--batch-size 8 --precision bf16 ...`), shared by the subcommands
-// that take one point: run, estimate, step, fit.
+// Every axis of the knob table (models/knobs.h) as a flag (`--batch-size 8 --precision bf16 ...`),
+// plus the per-run settings, shared by the subcommands that take one point: run, estimate, step,
+// fit. Each axis flag is a CLI11 option whose validator is the table row: a bad value fails at
+// parse time with the row's message (one line, exit 2), a good one is canonicalised.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <map>
 #include <string>
 
-#include "models/config.h"
+#include "models/knobs.h"
 
 namespace memtrade {
 
 struct KnobFlags {
-  std::string model = "mlp-tiny";
-  std::int64_t batch_size = 8;
-  std::int64_t accumulation = 1;
-  std::string precision = "fp32";
-  std::string checkpoint = "0";
-  std::string optimizer = "adam";
-  std::string offload = "none";
-  std::string zero_grad = "set_to_none";
-  std::string mode = "train";
-  std::string empty_cache = "never";
-  std::string input = "pinned";
+  std::map<std::string, std::string> axes;  // axis name -> canonical text (defaults until given)
   std::uint64_t seed = 0;
   float lr = 0.0f;
   std::string backend = "auto";
@@ -30,8 +23,10 @@ struct KnobFlags {
 };
 
 void add_knob_flags(CLI::App& cmd, KnobFlags& flags);
-// Validates every value; throws BadInput naming the flag and the accepted values.
+// The point the flags describe (every axis already validated by the parser).
 TrainConfig to_train_config(const KnobFlags& flags);
+// The flags of `cmd` that describe a point (every axis flag, --seed, --lr) that were given.
+std::vector<std::string> given_point_flags(const CLI::App& cmd);
 // Emulated capacity in bytes (0 = none); throws BadInput on text like "12XB".
 std::size_t parse_capacity_flag(const std::string& text);
 

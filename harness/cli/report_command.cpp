@@ -6,13 +6,12 @@
 #include <string>
 #include <vector>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include "harness/cli/command.h"
 #include "harness/common/bad_input.h"
+#include "harness/common/process.h"
+#include "models/knobs.h"
 
 namespace memtrade {
 namespace {
@@ -30,26 +29,20 @@ int cmd_report(const std::vector<std::string>& args) {
   std::string python = std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   if (const char* env = std::getenv("MEMTRADE_PYTHON"); env && *env) python = env;
   std::vector<std::string> argv = {python, "-m", "reports"};
-  for (const auto& a : args) argv.push_back(a);
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
+  argv.insert(argv.end(), args.begin(), args.end());
   std::string pythonpath = root.string();
   if (const char* old = std::getenv("PYTHONPATH")) pythonpath += ":" + std::string(old);
-  pid_t pid = fork();
-  if (pid == 0) {
-    setenv("PYTHONPATH", pythonpath.c_str(), 1);
-    setenv("MPLBACKEND", "Agg", 1);
-    execvp(cargv[0], cargv.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFEXITED(status)) {
-    if (WEXITSTATUS(status) == 127) throw std::runtime_error("report: cannot run " + python);
-    return WEXITSTATUS(status);
-  }
-  return 1;
+  SpawnOptions o;
+  o.search_path = true;
+  // The knob table of this build: results files carry their own (meta.knobs); this serves the
+  // ones written before they did.
+  o.env = {{"PYTHONPATH", pythonpath},
+           {"MPLBACKEND", "Agg"},
+           {"MEMTRADE_KNOBS_JSON", knobs_json().dump()}};
+  const ChildOutcome c = spawn(argv, o);
+  if (c.kind == ChildOutcome::Kind::signaled) return 1;
+  if (c.exit_code == 127) throw std::runtime_error("report: cannot run " + python);
+  return c.exit_code;
 }
 
 }  // namespace

@@ -13,8 +13,10 @@
 #include "harness/cli/knob_flags.h"
 #include "harness/common/bad_input.h"
 #include "harness/run/estimate.h"
+#include "harness/run/fit.h"
 #include "harness/run/grid.h"
 #include "harness/run/grid_runner.h"
+#include "harness/run/merge.h"
 #include "harness/run/point_child.h"
 #include "harness/run/results.h"
 #include "kernels/cpu/cpu_device.h"
@@ -27,7 +29,7 @@ namespace {
 struct RunFlags {
   KnobFlags knobs;
   std::string grid, out, shard, select, timeout, trace, csv;
-  bool resume = false, list = false, quiet = false;
+  bool resume = false, list = false, json = false, quiet = false;
   int warmup = -1, steps = -1;
 };
 
@@ -60,12 +62,9 @@ double parse_timeout_flag(const std::string& text) {
 Grid grid_for(CLI::App& cmd, RunFlags& f, const std::string& backend) {
   Grid g;
   if (!f.grid.empty()) {
-    for (const char* knob :
-         {"--model", "--batch-size", "--accumulation", "--precision", "--checkpoint", "--optimizer",
-          "--offload", "--zero-grad", "--mode", "--empty-cache", "--input", "--seed", "--lr"})
-      if (cmd.count(knob) > 0)
-        throw BadInput(
-            fmt::format("{} cannot be combined with --grid (put it in the grid file)", knob));
+    for (const std::string& flag : given_point_flags(cmd))
+      throw BadInput(
+          fmt::format("{} cannot be combined with --grid (put it in the grid file)", flag));
     g = load_grid(f.grid, backend);
   } else {
     TrainConfig cfg = to_train_config(f.knobs);
@@ -120,9 +119,29 @@ int cmd_run(CLI::App& cmd, RunFlags& f) {
   Grid g = grid_for(cmd, f, backend);
   select_points(g, f);
   if (f.list) {
-    for (const auto& p : g.points) fmt::print("{}\n", p.id);
+    if (!f.json) {
+      for (const auto& p : g.points) fmt::print("{}\n", p.id);
+      return 0;
+    }
+    // What a peer tool needs to run the same points: every axis resolved, defaults filled in.
+    nlohmann::json points = nlohmann::json::array();
+    for (const auto& p : g.points) {
+      nlohmann::json config = config_json(p.config);
+      config["hyper"] = make_model(p.config.model)->hyper();
+      points.push_back({{"id", p.id}, {"config", config}});
+    }
+    fmt::print("{}\n", nlohmann::json{{"grid", g.name},
+                                      {"backend", backend},
+                                      {"run",
+                                       {{"warmup", g.run.warmup},
+                                        {"steps", g.run.steps},
+                                        {"seed", g.run.seed},
+                                        {"capacity", g.run.capacity}}},
+                                      {"points", points}}
+                           .dump(1));
     return 0;
   }
+  if (f.json) throw BadInput("--json goes with --list");
   if (!f.trace.empty() && g.points.size() != 1)
     throw BadInput("--trace records one point: use it with one point (--select ID)");
   GridRunOptions o;
@@ -137,7 +156,7 @@ int cmd_run(CLI::App& cmd, RunFlags& f) {
   int code = run_grid(g, o);
   if (!f.csv.empty()) {
     std::ofstream out(f.csv);
-    out << results_csv(load_results(o.out));
+    out << results_csv(load_results_file(o.out));
   }
   return code;
 }
@@ -146,8 +165,7 @@ int cmd_point(const std::string& job_path, const std::string& result_path) {
   std::ifstream in(job_path);
   if (!in) throw BadInput("__point: cannot read " + job_path);
   PointJob job = job_from_json(nlohmann::json::parse(in));
-  nlohmann::json row = run_point_row(job);
-  write_json_atomic(result_path, row);
+  write_json_atomic(result_path, run_point_row(job).to_json());
   return 0;
 }
 
@@ -182,84 +200,24 @@ int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json) {
   return 0;
 }
 
-// Largest batch size that fits: exponential then binary search on the estimate.
-std::int64_t largest_fitting_batch(TrainConfig cfg, Backend b, std::size_t capacity,
-                                   std::int64_t limit) {
-  auto fits = [&](std::int64_t batch) {
-    cfg.batch_size = batch;
-    return estimate_memory(cfg, b, capacity).fits;
-  };
-  if (!fits(1)) return 0;
-  std::int64_t lo = 1, hi = 2;
-  while (hi <= limit && fits(hi)) {
-    lo = hi;
-    hi *= 2;
-  }
-  hi = std::min(hi, limit + 1);
-  while (hi - lo > 1) {
-    std::int64_t mid = lo + (hi - lo) / 2;
-    (fits(mid) ? lo : hi) = mid;
-  }
-  return lo;
-}
-
-int cmd_fit(CLI::App& cmd, RunFlags& f, bool confirm, std::int64_t limit,
-            const std::string& json_out) {
+int cmd_fit(CLI::App& cmd, RunFlags& f, const FitOptions& defaults, const std::string& json_out) {
   if (f.knobs.capacity.empty()) throw BadInput("fit: --capacity is required (e.g. 24GiB or a10g)");
   std::string requested =
       f.knobs.backend == "auto" ? resolve_backend("auto", f.knobs.threads).first : f.knobs.backend;
   Grid g = grid_for(cmd, f, requested);
   select_points(g, f);
-  Backend b = requested == "cuda" ? Backend::cuda : Backend::cpu;
-  // One row per knob combination: the batch size axis is what fit searches.
-  std::map<std::string, GridPoint> combos;
-  for (const auto& p : g.points) {
-    TrainConfig c = p.config;
-    c.batch_size = 1;
-    combos.emplace(point_id(c), GridPoint{point_id(c), c});
-  }
-  nlohmann::json rows = nlohmann::json::array();
+  FitOptions o = defaults;
+  o.backend = requested == "cuda" ? Backend::cuda : Backend::cpu;
+  o.backend_name = requested;
+  o.capacity = g.run.capacity;
+  o.threads = f.knobs.threads;
   fmt::print("{:>9} {:>11} {:>9}  {}\n", "max batch", "peak", "confirmed", "knobs (batch 1 id)");
-  for (auto& [id, p] : combos) {
-    std::int64_t best = largest_fitting_batch(p.config, b, g.run.capacity, limit);
-    nlohmann::json row = {{"id", id},
-                          {"config", config_json(p.config)},
-                          {"max_batch", best},
-                          {"capacity", g.run.capacity},
-                          {"confirmed", nullptr}};
-    std::string peak = "-";
-    if (best > 0) {
-      TrainConfig c = p.config;
-      c.batch_size = best;
-      MemoryEstimate e = estimate_memory(c, b, g.run.capacity);
-      row["predicted_peak"] = e.peak_allocated;
-      peak = format_bytes(e.peak_allocated);
-    }
-    if (confirm && best > 0) {
-      // Run the point at the batch found (must fit) and one above it (must not).
-      PointJob job;
-      job.backend = requested;
-      job.capacity = g.run.capacity;
-      job.warmup = 1;
-      job.steps = 1;
-      job.threads = f.knobs.threads;
-      job.point.config = p.config;
-      job.point.config.batch_size = best;
-      job.point.id = point_id(job.point.config);
-      std::string at = run_point_row(job)["status"].get<std::string>();
-      std::string above = "-";
-      if (best < limit) {
-        job.point.config.batch_size = best + 1;
-        job.point.id = point_id(job.point.config);
-        above = run_point_row(job)["status"].get<std::string>();
-      }
-      row["confirmed"] = {{"at", at}, {"above", above}};
-      row["confirmed_ok"] = at == "ok" && (above == "oom" || above == "-");
-    }
-    fmt::print("{:>9} {:>11} {:>9}  {}\n", best, peak,
-               row["confirmed"].is_null() ? "-" : (row.value("confirmed_ok", false) ? "yes" : "NO"),
-               id);
-    rows.push_back(row);
+  nlohmann::json rows = nlohmann::json::array();
+  for (const FitRow& r : fit_points(g.points, o)) {
+    fmt::print("{:>9} {:>11} {:>9}  {}\n", r.max_batch,
+               r.predicted_peak >= 0 ? format_bytes(r.predicted_peak) : "-",
+               r.confirmed_at.empty() ? "-" : (r.confirmed_ok() ? "yes" : "NO"), r.id);
+    rows.push_back(r.to_json(o.capacity));
   }
   if (!json_out.empty())
     write_json_atomic(json_out, {{"schema", "memtrade.fit/1"}, {"rows", rows}});
@@ -268,86 +226,34 @@ int cmd_fit(CLI::App& cmd, RunFlags& f, bool confirm, std::int64_t limit,
 
 int cmd_merge(const std::vector<std::string>& inputs, const std::string& out,
               const std::string& grid_path) {
-  if (inputs.empty()) throw BadInput("merge: no input files");
-  nlohmann::json merged;
-  std::map<std::string, std::string> seen;  // id -> file
-  // N of the inputs' "shard": "i/N" (0 when unsharded or when the inputs disagree), so that a
-  // missing point can be told apart by the shard that should have run it (point k: shard k mod N).
-  int shard_count = -1;
-  for (const auto& path : inputs) {
-    nlohmann::json r = load_results(path);
-    int n = 0;
-    if (const auto& sh = r["meta"].value("shard", nlohmann::json()); sh.is_string()) {
-      try {
-        n = parse_shard(sh.get<std::string>()).second;
-      } catch (const BadInput&) {
-        n = 0;
-      }
-    }
-    shard_count = (shard_count < 0 || shard_count == n) ? n : 0;
-    if (merged.is_null()) {
-      merged = r;
-      merged["points"] = nlohmann::json::array();
-      merged["meta"].erase("shard");
-    } else {
-      for (const char* key : {"grid_hash", "commit", "dirty", "backend"})
-        if (r["meta"].value(key, nlohmann::json()) != merged["meta"].value(key, nlohmann::json()))
-          throw BadInput(
-              fmt::format("merge: {} has {} {} but {} has {} (shards of one grid and "
-                          "one build only)",
-                          path, key, r["meta"].value(key, nlohmann::json()).dump(), inputs.front(),
-                          merged["meta"].value(key, nlohmann::json()).dump()));
-    }
-    for (const auto& p : r["points"]) {
-      std::string id = p["id"].get<std::string>();
-      if (auto it = seen.find(id); it != seen.end())
-        throw BadInput(fmt::format("merge: point {} is in both {} and {}", id, it->second, path));
-      seen[id] = path;
-      merged["points"].push_back(p);
-    }
-  }
-  std::vector<std::pair<std::string, std::size_t>> missing;  // id, index in the grid
-  if (!grid_path.empty()) {
-    Grid g = load_grid(grid_path, merged["meta"].value("backend", "cpu"));
-    if (merged["meta"].value("grid_hash", "") != g.hash)
-      throw BadInput(fmt::format("merge: the shards are not of grid {} (hash {} vs {})", grid_path,
-                                 merged["meta"].value("grid_hash", ""), g.hash));
-    // Keep the grid's order, so a merged file reads like a single-machine run.
-    std::map<std::string, nlohmann::json> by_id;
-    for (auto& p : merged["points"]) by_id[p["id"].get<std::string>()] = p;
-    nlohmann::json ordered = nlohmann::json::array();
-    for (std::size_t k = 0; k < g.points.size(); ++k) {
-      if (auto it = by_id.find(g.points[k].id); it != by_id.end())
-        ordered.push_back(it->second);
-      else
-        missing.emplace_back(g.points[k].id, k);
-    }
-    merged["points"] = ordered;
-  }
-  write_json_atomic(out, merged);
-  fmt::print("merged {} points from {} files into {}\n", merged["points"].size(), inputs.size(),
+  MergeOutcome m = merge_shards(inputs, grid_path);
+  write_json_atomic(out, m.merged.to_json());
+  fmt::print("merged {} points from {} files into {}\n", m.merged.points.size(), inputs.size(),
              out);
-  if (!missing.empty()) {
-    fmt::print("missing {} points (not in any shard):\n", missing.size());
-    std::set<std::size_t> shards;
-    for (const auto& [id, k] : missing) {
-      if (shard_count > 0) {
-        shards.insert(k % static_cast<std::size_t>(shard_count));
-        fmt::print("  {}  (shard {}/{})\n", id, k % static_cast<std::size_t>(shard_count),
-                   shard_count);
-      } else {
-        fmt::print("  {}\n", id);
-      }
-    }
-    if (!shards.empty()) {
-      std::vector<std::string> names;
-      for (auto i : shards) names.push_back(fmt::format("{}/{}", i, shard_count));
-      fmt::print(
-          "incomplete shards: {} (rerun each with --shard i/N --resume on its own file, "
-          "then merge again)\n",
-          fmt::join(names, " "));
-    }
-    return 1;
+  if (m.missing.empty()) return 0;
+  fmt::print("missing {} points (not in any shard):\n", m.missing.size());
+  for (const auto& line : m.missing_note) fmt::print("{}\n", line);
+  if (!m.incomplete_shards.empty())
+    fmt::print(
+        "incomplete shards: {} (rerun each with --shard i/N --resume on its own file, then merge "
+        "again)\n",
+        fmt::join(m.incomplete_shards, " "));
+  return 1;
+}
+
+// `memtrade knobs`: the knob table, as a table for people or JSON for tools (reports/,
+// bench/peers/, the docs' knob table).
+int cmd_knobs(bool json) {
+  if (json) {
+    fmt::print("{}\n", knobs_json().dump(1));
+    return 0;
+  }
+  fmt::print("{:<13} {:<15} {:<12} {:<5} {}\n", "axis", "flag", "default", "id", "values");
+  for (const Knob& k : knobs()) {
+    const auto choices = k.choices();
+    fmt::print("{:<13} {:<15} {:<12} {:<5} {}\n", k.name, k.flag, k.default_text(),
+               k.id_prefix.empty() ? "-" : k.id_prefix,
+               choices.empty() ? k.values_text : fmt::format("{}", fmt::join(choices, " | ")));
   }
   return 0;
 }
@@ -365,6 +271,7 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
   run->add_option("--shard", f.shard, "Run the deterministic slice i/N (0 <= i < N)");
   run->add_option("--select", f.select, "Run only these point ids (comma-separated)");
   run->add_flag("--list", f.list, "Print the point ids and exit");
+  run->add_flag("--json", f.json, "With --list: every point's id and full config as JSON");
   run->add_option("--warmup", f.warmup, "Warm-up steps per point (overrides the grid)");
   run->add_option("--steps", f.steps, "Measured steps per point (overrides the grid)");
   run->add_option("--timeout", f.timeout, "Per-point timeout, e.g. 120s (overrides the grid)");
@@ -391,20 +298,18 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
   cmds.add(est, [est, &ef, &ejson] { return cmd_estimate(*est, ef, ejson); });
 
   auto& ff = cmds.keep<RunFlags>();
-  auto& fit_opts = cmds.keep<std::tuple<bool, std::int64_t, std::string>>();
-  std::get<1>(fit_opts) = 65536;
+  auto& fit_opts = cmds.keep<FitOptions>();
+  auto& fit_json = cmds.keep<std::string>();
   CLI::App* fit =
       app.add_subcommand("fit", "Largest batch size that fits a capacity, per knob setting");
   add_knob_flags(*fit, ff.knobs);
   fit->add_option("--grid", ff.grid, "Grid file: one row per knob combination");
-  fit->add_flag("--confirm", std::get<0>(fit_opts),
-                "Confirm by running the batch found and the next");
-  fit->add_option("--max-batch", std::get<1>(fit_opts), "Upper bound of the search")
+  fit->add_flag("--confirm", fit_opts.confirm, "Confirm by running the batch found and the next");
+  fit->add_option("--max-batch", fit_opts.max_batch, "Upper bound of the search")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  fit->add_option("--json", std::get<2>(fit_opts), "Write the table as JSON to this file");
-  cmds.add(fit, [fit, &ff, &fit_opts] {
-    return cmd_fit(*fit, ff, std::get<0>(fit_opts), std::get<1>(fit_opts), std::get<2>(fit_opts));
-  });
+  fit->add_option("--json", fit_json, "Write the table as JSON to this file");
+  cmds.add(fit, [fit, &ff, &fit_opts, &fit_json] { return cmd_fit(*fit, ff, fit_opts, fit_json); });
 
   auto& merge_in = cmds.keep<std::vector<std::string>>();
   auto& merge_out = cmds.keep<std::string>();
@@ -419,11 +324,17 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
 
   auto& export_in = cmds.keep<std::string>();
   auto& export_out = cmds.keep<std::string>();
+  auto& knobs_as_json = cmds.keep<bool>();
+  CLI::App* kn =
+      app.add_subcommand("knobs", "The knob table: every axis, its flag, default and values");
+  kn->add_flag("--json", knobs_as_json, "JSON, for tools");
+  cmds.add(kn, [&knobs_as_json] { return cmd_knobs(knobs_as_json); });
+
   CLI::App* exp = app.add_subcommand("export", "Write a results file as CSV for spreadsheets");
   exp->add_option("results", export_in, "Results file")->required();
   exp->add_option("-o,--out", export_out, "CSV file (default: stdout)");
   cmds.add(exp, [&export_in, &export_out] {
-    std::string csv = results_csv(load_results(export_in));
+    std::string csv = results_csv(load_results_file(export_in));
     if (export_out.empty()) {
       fmt::print("{}", csv);
     } else {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/common/point_row.h"
 #include "harness/gate/thresholds.h"
 
 namespace memtrade {
@@ -44,8 +45,6 @@ ConfigMap flatten_config(const nlohmann::json& config);
 ResultSet results_from_json(const nlohmann::json& doc, const std::string& label);
 // Reads and parses a file (memtrade results or Google Benchmark JSON, detected by keys).
 ResultSet load_results(const std::string& path);
-// Reads a JSON file; throws BadInput on unreadable, empty, truncated or garbage content.
-nlohmann::json read_json_file(const std::string& path);
 
 enum class Verdict { unchanged, regression, improvement, inconclusive, changed };
 const char* verdict_name(Verdict v);

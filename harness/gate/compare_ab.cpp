@@ -1,7 +1,6 @@
 #include "harness/gate/compare_ab.h"
 
 #include <fmt/format.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,8 @@
 #include <stdexcept>
 
 #include "harness/common/bad_input.h"
+#include "harness/common/point_row.h"
+#include "harness/common/process.h"
 #include "harness/common/stats.h"
 #include "harness/gate/compare.h"
 
@@ -27,39 +28,13 @@ struct Captured {
   std::string out;
 };
 
-// fork/exec without a shell (no quoting problems with odd paths); stdout captured, stderr passed
-// through so that the child's own messages reach the log.
+// Runs a memtrade binary without a shell (no quoting problems with odd paths): stdout
+// captured, stderr passed through so that the child's own messages reach the log.
 Captured run_capture(const std::vector<std::string>& argv) {
-  int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
-  if (pid == 0) {
-    dup2(fds[1], STDOUT_FILENO);
-    close(fds[0]);
-    close(fds[1]);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  Captured c;
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = read(fds[0], buf, sizeof buf);
-    if (n > 0)
-      c.out.append(buf, static_cast<std::size_t>(n));
-    else if (n == 0 || errno != EINTR)
-      break;
-  }
-  close(fds[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  c.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return c;
+  SpawnOptions o;
+  o.stdout_mode = SpawnOptions::Stdout::capture;
+  const ChildOutcome c = spawn(argv, o);
+  return {c.kind == ChildOutcome::Kind::signaled ? 128 + c.signal : c.exit_code, c.stdout_text};
 }
 
 std::vector<std::string> list_points(const std::string& bin, const std::string& grid) {
@@ -88,19 +63,17 @@ json run_one(const AbOptions& o, const std::string& bin, const std::string& id, 
   fs::remove(out, ec);
   const Captured c = run_capture(argv);
   try {
-    json doc = read_json_file(out.string());
+    json doc = read_json_file(out);
     if (doc.contains("points") && doc["points"].is_array()) return doc;
   } catch (const BadInput&) {
   }
   if (log)
     std::fprintf(log, "  %s left no results for %s (exit %d)\n", bin.c_str(), id.c_str(), c.rc);
-  return {{"schema", "memtrade.results/1"},
-          {"meta", json::object()},
-          {"points",
-           {{{"id", id},
-             {"config", json::object()},
-             {"status", "error"},
-             {"error", fmt::format("{} exited with {} and wrote no results", bin, c.rc)}}}}};
+  ResultsFile failed;
+  failed.points.push_back(
+      PointRow::failed(id, json::object(), "error",
+                       fmt::format("{} exited with {} and wrote no results", bin, c.rc)));
+  return failed.to_json();
 }
 
 void pool_round(json& into, const json& more) {

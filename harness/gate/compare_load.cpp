@@ -27,59 +27,35 @@ void flatten(const json& j, const std::string& prefix, ConfigMap& out) {
   }
 }
 
-std::optional<double> number_at(const json& obj, const char* section, const char* key) {
-  if (!obj.contains(section) || !obj[section].is_object()) return std::nullopt;
-  const json& s = obj[section];
-  if (!s.contains(key) || !s[key].is_number()) return std::nullopt;
-  return s[key].get<double>();
-}
-
 ResultSet memtrade_results(const json& doc, const std::string& label) {
-  auto bad = [&](const std::string& what) { return BadInput(fmt::format("{}: {}", label, what)); };
-  if (!doc["schema"].is_string() || doc["schema"].get<std::string>() != "memtrade.results/1")
-    throw bad(fmt::format("unsupported schema {} (expected \"memtrade.results/1\")",
-                          doc["schema"].dump()));
-  if (!doc.contains("points") || !doc["points"].is_array())
-    throw bad("\"points\" must be an array");
+  const ResultsFile file = ResultsFile::from_json(doc, label);
   ResultSet rs;
   rs.label = label;
   rs.format = "memtrade";
-  rs.meta = doc.contains("meta") ? doc["meta"] : json::object();
-  std::set<std::string> seen;
-  static const std::set<std::string> kStatuses = {"ok", "oom", "error", "timeout", "skipped"};
-  for (std::size_t i = 0; i < doc["points"].size(); ++i) {
-    const json& p = doc["points"][i];
-    if (!p.is_object() || !p.contains("id") || !p["id"].is_string())
-      throw bad(fmt::format("point #{} has no string \"id\"", i));
+  rs.meta = file.meta;
+  for (const PointRow& p : file.points) {
     PointData pd;
-    pd.id = p["id"].get<std::string>();
-    if (!seen.insert(pd.id).second) throw bad(fmt::format("duplicate point id {}", pd.id));
-    if (p.contains("config") && p["config"].is_object()) pd.config = flatten_config(p["config"]);
+    pd.id = p.id;
+    pd.config = flatten_config(p.config);
     pd.config["id"] = pd.id;
-    if (!p.contains("status") || !p["status"].is_string() ||
-        !kStatuses.contains(p["status"].get<std::string>()))
-      throw bad(
-          fmt::format("point {}: status must be one of ok, oom, error, timeout, skipped", pd.id));
-    pd.status = p["status"].get<std::string>();
-    for (const char* m : {"peak_allocated", "peak_reserved"})
-      if (auto v = number_at(p, "memory", m)) pd.metrics[m].value = *v;
-    std::vector<double> steps;
-    if (p.contains("time") && p["time"].is_object() && p["time"].contains("samples_s") &&
-        p["time"]["samples_s"].is_array())
-      for (const json& s : p["time"]["samples_s"]) {
-        if (!s.is_number()) throw bad(fmt::format("point {}: non-numeric time sample", pd.id));
-        steps.push_back(s.get<double>());
+    pd.status = p.status;
+    if (p.memory) {
+      pd.metrics["peak_allocated"].value = static_cast<double>(p.memory->peak_allocated);
+      pd.metrics["peak_reserved"].value = static_cast<double>(p.memory->peak_reserved);
+    }
+    if (p.time) {
+      const std::vector<double>& steps = p.time->samples_s;
+      const double median_s = p.time->median_s;
+      pd.metrics["median_s"] = {median_s, steps};
+      if (p.throughput) {
+        // Per-step throughput is (samples per step) / step time: a monotone map of the time
+        // samples, so the rank test sees the same evidence in the opposite direction.
+        const double sps = p.throughput->samples_per_s;
+        MetricValue mv{sps, {}};
+        if (median_s > 0)
+          for (double t : steps) mv.samples.push_back(t > 0 ? sps * median_s / t : 0);
+        pd.metrics["samples_per_s"] = std::move(mv);
       }
-    auto median_s = number_at(p, "time", "median_s");
-    if (!median_s && !steps.empty()) median_s = median(steps);
-    if (median_s) pd.metrics["median_s"] = {*median_s, steps};
-    if (auto sps = number_at(p, "throughput", "samples_per_s")) {
-      // Per-step throughput is (samples per step) / step time: a monotone map of the time
-      // samples, so the rank test sees the same evidence in the opposite direction.
-      MetricValue mv{*sps, {}};
-      if (median_s && *median_s > 0)
-        for (double t : steps) mv.samples.push_back(t > 0 ? *sps * *median_s / t : 0);
-      pd.metrics["samples_per_s"] = std::move(mv);
     }
     rs.points.push_back(std::move(pd));
   }
@@ -157,22 +133,6 @@ ResultSet results_from_json(const json& doc, const std::string& label) {
     throw BadInput(fmt::format(
         "{}: neither a memtrade results file (no \"schema\") nor Google Benchmark JSON", label));
   return memtrade_results(doc, label);
-}
-
-json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw BadInput(fmt::format("{}: cannot read file", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
-    throw BadInput(fmt::format("{}: empty file", path));
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw BadInput(
-        fmt::format("{}: invalid JSON (truncated or garbage?) at byte {}", path, e.byte));
-  }
 }
 
 ResultSet load_results(const std::string& path) {

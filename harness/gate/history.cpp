@@ -164,24 +164,12 @@ std::string meta_text(const json& meta, const char* key) {
   return meta.contains(key) && meta[key].is_string() ? meta[key].get<std::string>() : "";
 }
 
-const json& section(const json& point, const char* key) {
-  static const json kNull = nullptr;  // immutable: a missing section reads as null
-  return point.contains(key) && point[key].is_object() ? point[key] : kNull;
-}
-
-json field(const json& sec, const char* key) {
-  return sec.is_object() && sec.contains(key) ? sec[key] : json(nullptr);
-}
-
 }  // namespace
 
-int64_t history_add(const std::string& path, const json& results, const HistoryAddOptions& o) {
-  if (!results.is_object() || results.value("schema", "") != "memtrade.results/1" ||
-      !results.contains("points") || !results["points"].is_array())
-    throw BadInput("history add: not a memtrade.results/1 document");
+int64_t history_add(const std::string& path, const json& doc, const HistoryAddOptions& o) {
+  const ResultsFile results = ResultsFile::from_json(doc, "history add");
   Db db(path, true);
-  json meta =
-      results.contains("meta") && results["meta"].is_object() ? results["meta"] : json::object();
+  json meta = results.meta;
   meta["gate"] = o.gate;
   const std::string branch = o.branch.empty() ? "local" : o.branch;
   db.exec("BEGIN IMMEDIATE");
@@ -205,24 +193,19 @@ int64_t history_add(const std::string& path, const json& results, const HistoryA
             "INSERT OR REPLACE INTO points(run_id, point_id, config_json, status, "
             "peak_allocated, peak_reserved, predicted_peak, median_s, samples_per_s, "
             "tokens_per_s, samples_json) VALUES(?,?,?,?,?,?,?,?,?,?,?)");
-    for (const json& p : results["points"]) {
-      if (!p.is_object() || !p.contains("id") || !p["id"].is_string())
-        throw BadInput("history add: a point has no string id");
-      const json& mem = section(p, "memory");
-      const json& time_s = section(p, "time");
-      const json& thr = section(p, "throughput");
+    for (const PointRow& p : results.points) {
+      auto num = [](auto v) { return v ? json(*v) : json(nullptr); };
       pt.integer(1, run_id);
-      pt.text(2, p["id"].get<std::string>());
-      pt.text(3, p.contains("config") ? p["config"].dump() : "{}");
-      pt.text(4, p.value("status", "ok"));
-      pt.number(5, field(mem, "peak_allocated"), true);
-      pt.number(6, field(mem, "peak_reserved"), true);
-      pt.number(7, field(mem, "predicted_peak"), true);
-      pt.number(8, field(time_s, "median_s"), false);
-      pt.number(9, field(thr, "samples_per_s"), false);
-      pt.number(10, field(thr, "tokens_per_s"), false);
-      const json samples = field(time_s, "samples_s");
-      if (samples.is_array()) pt.text(11, samples.dump());
+      pt.text(2, p.id);
+      pt.text(3, p.config.dump());
+      pt.text(4, p.status);
+      pt.number(5, p.memory ? json(p.memory->peak_allocated) : json(), true);
+      pt.number(6, p.memory ? json(p.memory->peak_reserved) : json(), true);
+      pt.number(7, p.memory ? num(p.memory->predicted_peak) : json(), true);
+      pt.number(8, p.time ? json(p.time->median_s) : json(), false);
+      pt.number(9, p.throughput ? json(p.throughput->samples_per_s) : json(), false);
+      pt.number(10, p.throughput ? json(p.throughput->tokens_per_s) : json(), false);
+      if (p.time) pt.text(11, json(p.time->samples_s).dump());
       pt.step();
       pt.reset();
     }

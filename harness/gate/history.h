@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/common/point_row.h"
+
 namespace memtrade {
 
 // Stable across builds and compilers (FNV-1a 64 of "host|device|backend", 16 hex digits), so a

@@ -33,55 +33,26 @@ class GridError {
   std::string source_;
 };
 
-std::string checkpoint_text(double d) {
-  return Checkpoint{Checkpoint::Kind::density, d}.str();
-}
-
-// Validates one value of `axis` and returns its canonical text.
+// One TOML value of `axis` as canonical text, validated by the axis's row of the knob table.
 std::string axis_value(const GridError& err, const std::string& axis, const toml::node& v) {
-  auto bad = [&](const std::string& why) { err.fail(&v, fmt::format("axes.{}: {}", axis, why)); };
-  if (axis == "batch_size" || axis == "accumulation") {
-    auto i = v.value<std::int64_t>();
-    if (!v.is_integer() || !i) bad("expected a positive integer");
-    if (*i < 1) bad(fmt::format("must be a positive integer, got {}", *i));
-    return std::to_string(*i);
+  const Knob& k = knob(axis);
+  std::string text;
+  if (v.is_integer() && k.type != KnobType::text) {
+    text = std::to_string(*v.value<std::int64_t>());
+  } else if (v.is_floating_point() && k.type == KnobType::density) {
+    text = fmt::format("{}", *v.value<double>());
+  } else if (v.is_string() && k.type != KnobType::integer) {
+    text = *v.value<std::string>();
+  } else {
+    err.fail(&v, fmt::format("axes.{}: expected {}", axis,
+                             k.type == KnobType::integer ? "a positive integer"
+                             : k.type == KnobType::density
+                                 ? "a density in [0, 1], \"sqrt\" or \"selective\""
+                                 : "a string"));
   }
-  if (axis == "checkpoint") {
-    if (v.is_integer() || v.is_floating_point()) {
-      double d = *v.value<double>();
-      if (!(d >= 0.0 && d <= 1.0)) bad(fmt::format("density {} is outside [0, 1]", d));
-      return checkpoint_text(d);
-    }
-    auto s = v.value<std::string>();
-    if (!s || !Checkpoint::parse(*s))
-      bad("expected a density in [0, 1], \"sqrt\" or \"selective\"");
-    return Checkpoint::parse(*s)->str();
-  }
-  auto s = v.value<std::string>();
-  if (!v.is_string() || !s) bad("expected a string");
-  auto check = [&](bool ok, const std::vector<std::string>& accepted) {
-    if (!ok)
-      bad(fmt::format("unknown value '{}' (expected one of: {})", *s, fmt::join(accepted, ", ")));
-  };
-  if (axis == "model") {
-    auto names = model_names();
-    check(std::find(names.begin(), names.end(), *s) != names.end(), names);
-  } else if (axis == "precision") {
-    check(parse_precision(*s).has_value(), precision_names());
-  } else if (axis == "optimizer") {
-    check(parse_optimizer(*s).has_value(), optimizer_names());
-  } else if (axis == "offload") {
-    check(parse_offload(*s).has_value(), offload_names());
-  } else if (axis == "zero_grad") {
-    check(parse_zero_grad(*s).has_value(), {"set_to_none", "zero"});
-  } else if (axis == "mode") {
-    check(parse_mode(*s).has_value(), {"train", "eval"});
-  } else if (axis == "empty_cache") {
-    check(parse_empty_cache(*s).has_value(), {"never", "per_step"});
-  } else if (axis == "input") {
-    check(parse_input(*s).has_value(), {"pinned", "pageable"});
-  }
-  return *s;
+  TrainConfig scratch;
+  if (auto problem = k.set(scratch, text)) err.fail(&v, fmt::format("axes.{}: {}", axis, *problem));
+  return k.get(scratch);
 }
 
 std::vector<std::string> axis_values(const GridError& err, const std::string& axis,
@@ -99,24 +70,12 @@ std::vector<std::string> axis_values(const GridError& err, const std::string& ax
   return out;
 }
 
-std::string default_value(const std::string& axis) {
-  TrainConfig d;
-  auto j = config_json(d);
-  const auto& v = j.at(axis);
-  return v.is_string() ? v.get<std::string>() : v.dump();
-}
-
 TrainConfig config_from_values(const std::map<std::string, std::string>& values,
                                std::uint64_t seed) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const auto& [axis, value] : values) {
-    if (axis == "batch_size" || axis == "accumulation")
-      j[axis] = std::stoll(value);
-    else
-      j[axis] = value;
-  }
-  j["seed"] = seed;
-  return config_from_json(j);
+  TrainConfig c;
+  for (const auto& [axis, value] : values) set_knob(c, knob(axis), value);
+  c.seed = seed;
+  return c;
 }
 
 // A filter table ([[exclude]] / [[where]]): axis -> accepted values, plus an optional backend.
@@ -159,10 +118,9 @@ std::vector<Filter> parse_filters(const GridError& err, const toml::table& root,
                 &v, fmt::format("{}.backend: unknown backend '{}' (expected cpu or cuda)", key, b));
         continue;
       }
-      const auto& names = axis_names();
-      if (std::find(names.begin(), names.end(), name) == names.end())
+      if (find_knob(name) == nullptr)
         err.fail(&v, fmt::format("{}: unknown axis '{}' (expected one of: {}, backend)", key, name,
-                                 fmt::join(names, ", ")));
+                                 fmt::join(knob_names(), ", ")));
       f.axes[name] = axis_values(err, name, v);
     }
     out.push_back(std::move(f));
@@ -197,81 +155,6 @@ std::uint64_t fnv1a(const std::string& s, std::uint64_t h = 1469598103934665603u
 }
 
 }  // namespace
-
-const std::vector<std::string>& axis_names() {
-  static const std::vector<std::string> names = {
-      "model",   "batch_size", "accumulation", "precision",   "checkpoint", "optimizer",
-      "offload", "zero_grad",  "mode",         "empty_cache", "input"};
-  return names;
-}
-
-std::string point_id(const TrainConfig& c) {
-  return fmt::format("{}/b{}/a{}/{}/ck{}/{}/off-{}/zg-{}/{}/ec-{}/in-{}", c.model, c.batch_size,
-                     c.accumulation, precision_name(c.precision), c.checkpoint.str(),
-                     optimizer_name(c.optimizer), offload_name(c.offload),
-                     zero_grad_name(c.zero_grad), mode_name(c.mode),
-                     empty_cache_name(c.empty_cache), input_name(c.input));
-}
-
-nlohmann::json config_json(const TrainConfig& c) {
-  return {{"model", c.model},
-          {"batch_size", c.batch_size},
-          {"accumulation", c.accumulation},
-          {"precision", precision_name(c.precision)},
-          {"checkpoint", c.checkpoint.str()},
-          {"optimizer", optimizer_name(c.optimizer)},
-          {"offload", offload_name(c.offload)},
-          {"zero_grad", zero_grad_name(c.zero_grad)},
-          {"mode", mode_name(c.mode)},
-          {"empty_cache", empty_cache_name(c.empty_cache)},
-          {"input", input_name(c.input)},
-          {"seed", c.seed}};
-}
-
-TrainConfig config_from_json(const nlohmann::json& j) {
-  if (!j.is_object()) throw BadInput("config: expected an object");
-  TrainConfig c;
-  auto str = [&](const char* key, const std::string& fallback) {
-    if (!j.contains(key)) return fallback;
-    if (!j.at(key).is_string()) throw BadInput(fmt::format("config.{}: expected a string", key));
-    return j.at(key).get<std::string>();
-  };
-  auto integer = [&](const char* key, std::int64_t fallback) {
-    if (!j.contains(key)) return fallback;
-    if (!j.at(key).is_number_integer())
-      throw BadInput(fmt::format("config.{}: expected an integer", key));
-    return j.at(key).get<std::int64_t>();
-  };
-  auto need = [](auto opt, const char* key, const std::string& value) {
-    if (!opt) throw BadInput(fmt::format("config.{}: unknown value '{}'", key, value));
-    return *opt;
-  };
-  c.model = str("model", c.model);
-  c.batch_size = integer("batch_size", c.batch_size);
-  c.accumulation = integer("accumulation", c.accumulation);
-  if (c.batch_size < 1 || c.accumulation < 1)
-    throw BadInput("config: batch_size and accumulation must be positive");
-  std::string v;
-  v = str("precision", "fp32");
-  c.precision = need(parse_precision(v), "precision", v);
-  v = j.contains("checkpoint") && j.at("checkpoint").is_number() ? j.at("checkpoint").dump()
-                                                                 : str("checkpoint", "0");
-  c.checkpoint = need(Checkpoint::parse(v), "checkpoint", v);
-  v = str("optimizer", "adam");
-  c.optimizer = need(parse_optimizer(v), "optimizer", v);
-  v = str("offload", "none");
-  c.offload = need(parse_offload(v), "offload", v);
-  v = str("zero_grad", "set_to_none");
-  c.zero_grad = need(parse_zero_grad(v), "zero_grad", v);
-  v = str("mode", "train");
-  c.mode = need(parse_mode(v), "mode", v);
-  v = str("empty_cache", "never");
-  c.empty_cache = need(parse_empty_cache(v), "empty_cache", v);
-  v = str("input", "pinned");
-  c.input = need(parse_input(v), "input", v);
-  c.seed = static_cast<std::uint64_t>(integer("seed", 0));
-  return c;
-}
 
 Grid parse_grid(const std::string& text, const std::string& source_name,
                 const std::string& backend) {
@@ -337,7 +220,7 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
 
   // Axis values; a missing axis takes its default.
   AxisValues axes;
-  const auto& names = axis_names();
+  const auto names = knob_names();
   if (const auto* axes_node = root.get("axes")) {
     const auto* tbl = axes_node->as_table();
     if (tbl == nullptr) err.fail(axes_node, "axes: expected a table");
@@ -350,7 +233,7 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
     }
   }
   for (const auto& axis : names)
-    if (!axes.count(axis)) axes[axis] = {default_value(axis)};
+    if (!axes.count(axis)) axes[axis] = {knob(axis).default_text()};
 
   std::vector<std::map<std::string, std::string>> combos;
   if (g.mode == "cartesian") {

@@ -1,6 +1,7 @@
-// Grid files (TOML, DESIGN.md "Grid file"): axes with lists of values, cartesian or sweep
-// expansion, [[exclude]] and [[where]] filters, and run settings. Expansion is deterministic:
-// the same file gives the same points in the same order, which sharding relies on.
+// Grid files (TOML, docs/design.md "Grid file"): the knob table's axes (models/knobs.h) with
+// lists of values, cartesian or sweep expansion, [[exclude]] and [[where]] filters, and run
+// settings. Expansion is deterministic: the same file gives the same points in the same order,
+// which sharding relies on.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/config.h"
+#include "models/knobs.h"
 
 namespace memtrade {
 
@@ -37,22 +38,12 @@ struct Grid {
   std::string hash;  // of the expanded point ids + run settings; shards of one grid share it
 };
 
-// The axis names of DESIGN.md's knob table, in id order.
-const std::vector<std::string>& axis_names();
-
 // Loads and expands a grid file. Throws BadInput "FILE:LINE: key: problem" on anything wrong.
 // `backend` ("cpu" or "cuda", the one the grid will run on) decides [[exclude]]/[[where]]
 // rules that name a backend; with "" such rules never match.
 Grid load_grid(const std::filesystem::path& path, const std::string& backend);
 Grid parse_grid(const std::string& text, const std::string& source_name,
                 const std::string& backend);
-
-// "gpt-tiny/b8/a1/fp32/ck0/adam/off-none/zg-set_to_none/train/ec-never/in-pinned"
-std::string point_id(const TrainConfig& c);
-// Config as results JSON (every axis with its contract spelling, plus seed).
-nlohmann::json config_json(const TrainConfig& c);
-// The inverse; throws BadInput on unknown or bad values.
-TrainConfig config_from_json(const nlohmann::json& j);
 
 // Points of shard `index` of `count` (0-based): every count-th point starting at index.
 std::vector<GridPoint> shard_points(const std::vector<GridPoint>& points, int index, int count);

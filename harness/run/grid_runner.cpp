@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "harness/common/bad_input.h"
-#include "harness/common/isolate.h"
+#include "harness/common/process.h"
 #include "harness/run/point_child.h"
 #include "harness/run/results.h"
 #include "kernels/allocator.h"
@@ -25,17 +25,16 @@ std::string fmt_duration(double s) {
   return fmt::format("{}h{:02}m", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60);
 }
 
-std::string short_bytes(const nlohmann::json& v) {
-  return v.is_number() ? format_bytes(v.get<std::int64_t>()) : std::string("-");
+std::string short_bytes(const PointRow& p) {
+  return p.memory ? format_bytes(p.memory->peak_allocated) : std::string("-");
 }
 
-nlohmann::json get(const nlohmann::json& p, const char* a, const char* b) {
-  if (!p.contains(a) || !p[a].is_object() || !p[a].contains(b)) return nullptr;
-  return p[a][b];
+std::string short_time(const PointRow& p) {
+  return p.time ? fmt::format("{:.2f} ms", p.time->median_s * 1e3) : std::string("-");
 }
 
 // The row for a child that did not hand back its own (crash, timeout, interrupt).
-nlohmann::json row_from_outcome(const GridPoint& p, const ChildOutcome& o, double timeout_s) {
+PointRow row_from_outcome(const GridPoint& p, const ChildOutcome& o, double timeout_s) {
   switch (o.kind) {
     case ChildOutcome::Kind::timed_out:
       return failed_point(p, "timeout", fmt::format("timed out after {:.0f} s", timeout_s));
@@ -72,14 +71,11 @@ class Progress {
                std::string(width - filled, '.'), done, total_, eta, id);
     std::fflush(stderr);
   }
-  void finished(std::size_t done, const nlohmann::json& row) {
+  void finished(std::size_t done, const PointRow& row) {
     if (quiet_) return;
     if (tty_) fmt::print(stderr, "\r\033[K");
-    auto median = get(row, "time", "median_s");
-    fmt::print(stderr, "[{}/{}] {:<7} {:>11} {:>10}  {}\n", done, total_,
-               row["status"].get<std::string>(), short_bytes(get(row, "memory", "peak_allocated")),
-               median.is_number() ? fmt::format("{:.2f} ms", median.get<double>() * 1e3) : "-",
-               row["id"].get<std::string>());
+    fmt::print(stderr, "[{}/{}] {:<7} {:>11} {:>10}  {}\n", done, total_, row.status,
+               short_bytes(row), short_time(row), row.id);
   }
   double seconds() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -93,47 +89,39 @@ class Progress {
 
 }  // namespace
 
-std::string summary_table(const nlohmann::json& results) {
+std::string summary_table(const ResultsFile& results) {
   std::string out = fmt::format("{:<8} {:>11} {:>11} {:>8} {:>11} {:>12}  {}\n", "status", "peak",
                                 "reserved", "pred", "median", "samples/s", "point");
-  for (const auto& p : results["points"]) {
-    auto peak = get(p, "memory", "peak_allocated");
-    auto pred = get(p, "memory", "predicted_peak");
+  for (const PointRow& p : results.points) {
     std::string err = "-";
-    if (peak.is_number() && pred.is_number() && peak.get<double>() > 0)
-      err = fmt::format("{:+.1f}%",
-                        100.0 * (pred.get<double>() - peak.get<double>()) / peak.get<double>());
-    auto median = get(p, "time", "median_s");
-    auto sps = get(p, "throughput", "samples_per_s");
-    out +=
-        fmt::format("{:<8} {:>11} {:>11} {:>8} {:>11} {:>12}  {}\n", p["status"].get<std::string>(),
-                    short_bytes(peak), short_bytes(get(p, "memory", "peak_reserved")), err,
-                    median.is_number() ? fmt::format("{:.2f} ms", median.get<double>() * 1e3) : "-",
-                    sps.is_number() ? fmt::format("{:.1f}", sps.get<double>()) : "-",
-                    p["id"].get<std::string>());
+    if (p.memory && p.memory->predicted_peak && p.memory->peak_allocated > 0)
+      err = fmt::format(
+          "{:+.1f}%",
+          100.0 * static_cast<double>(*p.memory->predicted_peak - p.memory->peak_allocated) /
+              static_cast<double>(p.memory->peak_allocated));
+    out += fmt::format(
+        "{:<8} {:>11} {:>11} {:>8} {:>11} {:>12}  {}\n", p.status, short_bytes(p),
+        p.memory ? format_bytes(p.memory->peak_reserved) : std::string("-"), err, short_time(p),
+        p.throughput ? fmt::format("{:.1f}", p.throughput->samples_per_s) : std::string("-"), p.id);
   }
   return out;
 }
 
 int run_grid(const Grid& grid, const GridRunOptions& o) {
-  nlohmann::json results;
+  ResultsFile results;
   std::set<std::string> done;
   if (o.resume && std::filesystem::exists(o.out)) {
-    results = load_results(o.out);
-    auto hash = results["meta"].value("grid_hash", nlohmann::json()).is_string()
-                    ? results["meta"]["grid_hash"].get<std::string>()
-                    : std::string();
-    if (hash != grid.hash)
+    results = load_results_file(o.out);
+    const nlohmann::json hash = results.meta.value("grid_hash", nlohmann::json());
+    if (!hash.is_string() || hash.get<std::string>() != grid.hash)
       throw BadInput(fmt::format("{}: --resume with a different grid (hash {} vs {})",
-                                 o.out.string(), hash, grid.hash));
-    for (const auto& p : results["points"]) done.insert(p["id"].get<std::string>());
+                                 o.out.string(), hash.dump(), grid.hash));
+    for (const PointRow& p : results.points) done.insert(p.id);
   } else {
-    results = {{"schema", kResultsSchema}, {"meta", nullptr}, {"points", nlohmann::json::array()}};
-    results["meta"] =
-        make_meta(o.backend, o.device_name, o.device_memory, &grid, grid.run.capacity);
-    if (!o.shard.empty()) results["meta"]["shard"] = o.shard;
+    results.meta = make_meta(o.backend, o.device_name, o.device_memory, &grid, grid.run.capacity);
+    if (!o.shard.empty()) results.meta["shard"] = o.shard;
   }
-  write_json_atomic(o.out, results);
+  write_json_atomic(o.out, results.to_json());
 
   std::vector<const GridPoint*> todo;
   for (const auto& p : grid.points)
@@ -158,9 +146,14 @@ int run_grid(const Grid& grid, const GridRunOptions& o) {
     auto result_file = work / "result.json";
     std::filesystem::remove(result_file);
     write_json_atomic(job_file, job_json(job));
-    ChildOutcome outcome = run_child({self_executable().string(), "__point", "--job",
-                                      job_file.string(), "--result", result_file.string()},
-                                     grid.run.timeout_s, work / "stderr.txt");
+    SpawnOptions so;
+    so.timeout_s = grid.run.timeout_s;
+    so.stdout_mode = SpawnOptions::Stdout::discard;
+    so.stderr_file = work / "stderr.txt";
+    so.isolate = true;
+    ChildOutcome outcome = spawn({self_executable().string(), "__point", "--job", job_file.string(),
+                                  "--result", result_file.string()},
+                                 so);
     // SIGTERM/SIGINT reach the whole process group (Ctrl-C, scancel, a requeue): the child may
     // die of it before our own handler runs. That is an interruption, not a crashed point, so
     // nothing is recorded and --resume reruns it.
@@ -170,32 +163,30 @@ int run_grid(const Grid& grid, const GridRunOptions& o) {
       code = 130;
       break;
     }
-    nlohmann::json row;
+    PointRow row;
     if (outcome.kind == ChildOutcome::Kind::exited && outcome.exit_code == 0 &&
         std::filesystem::exists(result_file)) {
       try {
-        std::ifstream in(result_file);
-        row = nlohmann::json::parse(in);
+        row = PointRow::from_json(read_json_file(result_file));
       } catch (const std::exception& e) {
         row = failed_point(*p, "error", fmt::format("unreadable point result: {}", e.what()));
       }
     } else {
       row = row_from_outcome(*p, outcome, grid.run.timeout_s);
     }
-    row["wall_s"] = outcome.seconds;
-    std::string status = row["status"].get<std::string>();
-    failures |= status == "error" || status == "timeout";
-    results["points"].push_back(row);
-    write_json_atomic(o.out, results);
+    row.wall_s = outcome.seconds;
+    failures |= row.status == "error" || row.status == "timeout";
+    results.points.push_back(row);
+    write_json_atomic(o.out, results.to_json());
     progress.finished(++finished, row);
   }
   std::filesystem::remove_all(work);
   if (!o.quiet) {
     if (code == 130)
       fmt::print(stderr, "interrupted: {} of {} points are in {} (finish with --resume)\n",
-                 results["points"].size(), grid.points.size(), o.out.string());
+                 results.points.size(), grid.points.size(), o.out.string());
     fmt::print("{}", summary_table(results));
-    fmt::print("{} points in {} ({}), results: {}\n", results["points"].size(),
+    fmt::print("{} points in {} ({}), results: {}\n", results.points.size(),
                fmt_duration(progress.seconds()), o.backend, o.out.string());
   }
   if (code != 0) return code;

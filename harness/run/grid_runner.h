@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/common/point_row.h"
 #include "harness/run/grid.h"
 
 namespace memtrade {
@@ -30,6 +31,6 @@ struct GridRunOptions {
 int run_grid(const Grid& grid, const GridRunOptions& options);
 
 // The summary table of a results file, as printed at the end of a run.
-std::string summary_table(const nlohmann::json& results);
+std::string summary_table(const ResultsFile& results);
 
 }  // namespace memtrade

@@ -68,6 +68,26 @@ bool fault_requested(const std::string& id, const std::string& want) {
   return spec.substr(0, colon) == want && id.find(match) != std::string::npos;
 }
 
+// The allocator trace of the last measured step (schema memtrade.trace/1).
+void write_trace(const PointJob& job, const nlohmann::json& config, const PointMeasurement& m) {
+  static const char* kinds[] = {"alloc", "free", "segment_alloc", "segment_free", "oom"};
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& e : m.trace)
+    events.push_back({{"seq", e.seq},
+                      {"kind", kinds[static_cast<int>(e.kind)]},
+                      {"bytes", e.bytes},
+                      {"requested", e.requested},
+                      {"category", category_name(e.category)},
+                      {"phase", e.phase},
+                      {"allocated", e.allocated_after},
+                      {"reserved", e.reserved_after}});
+  write_json_atomic(job.trace_path, {{"schema", "memtrade.trace/1"},
+                                     {"point", job.point.id},
+                                     {"config", config},
+                                     {"live_at_start", breakdown_json(m.trace_live_at_start)},
+                                     {"events", events}});
+}
+
 void maybe_inject_fault(const std::string& id) {
   const char* env = std::getenv("MEMTRADE_FAULT");
   if (env == nullptr) return;
@@ -84,10 +104,10 @@ void maybe_inject_fault(const std::string& id) {
 
 }  // namespace
 
-nlohmann::json run_point_row(const PointJob& job) {
+PointRow run_point_row(const PointJob& job) {
   maybe_inject_fault(job.point.id);
   const TrainConfig& cfg = job.point.config;
-  nlohmann::json row = failed_point(job.point, "error", "");
+  PointRow row = failed_point(job.point, "error", "");
   std::unique_ptr<Device> dev;
   std::unique_ptr<Model> model;
   try {
@@ -96,14 +116,14 @@ nlohmann::json run_point_row(const PointJob& job) {
     options.threads = job.threads;
     dev = make_device(job.backend, options);
     model = make_model(cfg.model);
-    row["config"]["hyper"] = model->hyper();
+    row.config["hyper"] = model->hyper();
     if (cfg.precision == Precision::tf32 && dev->backend() != Backend::cuda) {
-      row["status"] = "skipped";
-      row["error"] = "precision tf32 needs the cuda backend";
+      row.status = "skipped";
+      row.error = "precision tf32 needs the cuda backend";
       return row;
     }
   } catch (const std::exception& e) {
-    row["error"] = e.what();
+    row.error = e.what();
     return row;
   }
 
@@ -113,6 +133,11 @@ nlohmann::json run_point_row(const PointJob& job) {
   } catch (const std::exception&) {
     // The prediction is a cross-check; a failure to predict must not lose the measurement.
   }
+  auto add_prediction = [&](MemoryFigures& mem) {
+    if (!predicted) return;
+    mem.predicted_peak = predicted->peak_allocated;
+    mem.predicted_breakdown = breakdown_of(predicted->breakdown_at_peak);
+  };
 
   Tensor bloat;
   if (fault_requested(job.point.id, "bloat"))
@@ -124,62 +149,33 @@ nlohmann::json run_point_row(const PointJob& job) {
   ro.trace_last_step = !job.trace_path.empty();
   try {
     PointMeasurement m = run_point(*dev, *model, cfg, ro);
-    nlohmann::json j = measurement_json(*dev, *model, cfg, m);
-    row["memory"] = j["memory"];
-    row["time"] = j["time"];
-    row["throughput"] = j["throughput"];
-    row["train"] = j["train"];
-    row["transfer"] = j["transfer"];
-    auto peak = peak_flops(*dev, cfg.precision);
-    row["throughput"]["mfu"] = peak && m.median_s > 0
-                                   ? nlohmann::json(m.flops_per_step / m.median_s / *peak)
-                                   : nlohmann::json(nullptr);
-    row["memory"]["predicted_peak"] =
-        predicted ? nlohmann::json(predicted->peak_allocated) : nlohmann::json(nullptr);
-    row["memory"]["predicted_breakdown"] =
-        predicted ? breakdown_json(predicted->breakdown_at_peak) : nlohmann::json(nullptr);
-    if (!m.device_peak) row["memory"]["device_peak"] = nullptr;
+    fill_measurement(row, m);
+    add_prediction(*row.memory);
+    if (auto peak = peak_flops(*dev, cfg.precision); peak && m.median_s > 0)
+      row.throughput->mfu = m.flops_per_step / m.median_s / *peak;
     if (!std::isfinite(m.loss_first) || !std::isfinite(m.loss_last)) {
-      row["status"] = "error";
-      row["error"] = fmt::format("non-finite loss ({} -> {})", m.loss_first, m.loss_last);
+      row.status = "error";
+      row.error = fmt::format("non-finite loss ({} -> {})", m.loss_first, m.loss_last);
     } else {
-      row["status"] = "ok";
-      row["error"] = nullptr;
+      row.status = "ok";
+      row.error.reset();
     }
-    if (ro.trace_last_step) {
-      nlohmann::json events = nlohmann::json::array();
-      for (const auto& e : m.trace) {
-        static const char* kinds[] = {"alloc", "free", "segment_alloc", "segment_free", "oom"};
-        events.push_back({{"seq", e.seq},
-                          {"kind", kinds[static_cast<int>(e.kind)]},
-                          {"bytes", e.bytes},
-                          {"requested", e.requested},
-                          {"category", category_name(e.category)},
-                          {"phase", e.phase},
-                          {"allocated", e.allocated_after},
-                          {"reserved", e.reserved_after}});
-      }
-      write_json_atomic(job.trace_path, {{"schema", "memtrade.trace/1"},
-                                         {"point", job.point.id},
-                                         {"config", row["config"]},
-                                         {"live_at_start", breakdown_json(m.trace_live_at_start)},
-                                         {"events", events}});
-    }
+    if (ro.trace_last_step) write_trace(job, row.config, m);
   } catch (const OutOfMemory& e) {
     const AllocatorStats& s = dev->memory().stats();
-    row["status"] = "oom";
-    row["error"] = e.what();
-    row["memory"] = {{"peak_allocated", s.allocated.peak},
-                     {"peak_requested", s.requested.peak},
-                     {"peak_reserved", s.reserved.peak},
-                     {"breakdown_at_peak", breakdown_json(s.by_category_at_peak)},
-                     {"predicted_peak", predicted ? nlohmann::json(predicted->peak_allocated)
-                                                  : nlohmann::json(nullptr)},
-                     {"device_peak", nullptr},
-                     {"host_pinned_peak", dev->pinned().stats().allocated.peak}};
+    row.status = "oom";
+    row.error = e.what();
+    MemoryFigures mem;
+    mem.peak_allocated = s.allocated.peak;
+    mem.peak_requested = s.requested.peak;
+    mem.peak_reserved = s.reserved.peak;
+    mem.breakdown_at_peak = breakdown_of(s.by_category_at_peak);
+    mem.host_pinned_peak = dev->pinned().stats().allocated.peak;
+    add_prediction(mem);
+    row.memory = mem;
   } catch (const std::exception& e) {
-    row["status"] = "error";
-    row["error"] = e.what();
+    row.status = "error";
+    row.error = e.what();
   }
   return row;
 }

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/common/point_row.h"
 #include "harness/run/grid.h"
 
 namespace memtrade {
@@ -24,7 +25,7 @@ struct PointJob {
 
 // Runs the job in this process and returns its row; never throws for OOM, bad configs or
 // non-finite losses (they become statuses), only for programming errors.
-nlohmann::json run_point_row(const PointJob& job);
+PointRow run_point_row(const PointJob& job);
 
 // Serialisation of a job for the child's command line.
 nlohmann::json job_json(const PointJob& job);

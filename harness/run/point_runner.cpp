@@ -7,25 +7,23 @@
 
 #include <fmt/format.h>
 
+#include "harness/common/stats.h"
 #include "harness/run/grid.h"
 #include "models/trainer.h"
 
 namespace memtrade {
 
-nlohmann::json breakdown_json(const std::array<std::int64_t, kNumCategories>& bytes) {
-  nlohmann::json j = nlohmann::json::object();
+ByteBreakdown breakdown_of(const std::array<std::int64_t, kNumCategories>& bytes) {
+  ByteBreakdown b;
   for (std::size_t c = 0; c < kNumCategories; ++c)
-    j[std::string(category_name(static_cast<Category>(c)))] = bytes[c];
-  return j;
+    b[std::string(category_name(static_cast<Category>(c)))] = bytes[c];
+  return b;
 }
 
-double quantile(std::vector<double> s, double q) {
-  if (s.empty()) return 0.0;
-  std::sort(s.begin(), s.end());
-  double pos = q * static_cast<double>(s.size() - 1);
-  auto lo = static_cast<std::size_t>(std::floor(pos));
-  std::size_t hi = std::min(lo + 1, s.size() - 1);
-  return s[lo] + (pos - static_cast<double>(lo)) * (s[hi] - s[lo]);
+nlohmann::json breakdown_json(const std::array<std::int64_t, kNumCategories>& bytes) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [category, n] : breakdown_of(bytes)) j[category] = n;
+  return j;
 }
 
 PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
@@ -69,13 +67,7 @@ PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
   m.median_s = quantile(m.samples_s, 0.5);
   m.p10_s = quantile(m.samples_s, 0.1);
   m.p90_s = quantile(m.samples_s, 0.9);
-  double mean = std::accumulate(m.samples_s.begin(), m.samples_s.end(), 0.0) /
-                static_cast<double>(m.samples_s.size());
-  double var = 0;
-  for (double x : m.samples_s) var += (x - mean) * (x - mean);
-  m.cv = m.samples_s.size() > 1 && mean > 0
-             ? std::sqrt(var / static_cast<double>(m.samples_s.size() - 1)) / mean
-             : 0.0;
+  m.cv = coefficient_of_variation(m.samples_s);
   if (m.median_s > 0) {
     m.samples_per_s = static_cast<double>(trainer.samples_per_step()) / m.median_s;
     m.tokens_per_s = static_cast<double>(trainer.tokens_per_step()) / m.median_s;
@@ -89,42 +81,21 @@ PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
   return m;
 }
 
-nlohmann::json measurement_json(const Device& dev, const Model& model, const TrainConfig& cfg,
-                                const PointMeasurement& m) {
-  nlohmann::json breakdown = breakdown_json(m.memory.by_category_at_peak);
-  nlohmann::json config = config_json(cfg);
-  config["hyper"] = model.hyper();
-  return {
-      {"config", config},
-      {"backend", backend_name(dev.backend())},
-      {"device", dev.name()},
-      {"status", "ok"},
-      {"error", nullptr},
-      {"memory",
-       {{"peak_allocated", m.memory.allocated.peak},
-        {"peak_requested", m.memory.requested.peak},
-        {"peak_reserved", m.memory.reserved.peak},
-        {"breakdown_at_peak", breakdown},
-        {"device_peak", m.device_peak ? nlohmann::json(*m.device_peak) : nlohmann::json(nullptr)},
-        {"host_pinned_peak", m.pinned.allocated.peak}}},
-      {"time",
-       {{"samples_s", m.samples_s},
-        {"median_s", m.median_s},
-        {"p10_s", m.p10_s},
-        {"p90_s", m.p90_s},
-        {"cv", m.cv}}},
-      {"throughput",
-       {{"samples_per_s", m.samples_per_s},
-        {"tokens_per_s", m.tokens_per_s},
-        {"flops_per_step", m.flops_per_step},
-        {"tflops", m.median_s > 0 ? m.flops_per_step / m.median_s / 1e12 : 0.0}}},
-      {"train",
-       {{"loss_first", m.loss_first},
-        {"loss_last", m.loss_last},
-        {"skipped_steps", m.skipped_steps},
-        {"loss_scale", m.loss_scale}}},
-      {"transfer", {{"h2d_bytes", m.transfers.h2d_bytes}, {"d2h_bytes", m.transfers.d2h_bytes}}},
-  };
+void fill_measurement(PointRow& row, const PointMeasurement& m) {
+  MemoryFigures mem;
+  mem.peak_allocated = m.memory.allocated.peak;
+  mem.peak_requested = m.memory.requested.peak;
+  mem.peak_reserved = m.memory.reserved.peak;
+  mem.breakdown_at_peak = breakdown_of(m.memory.by_category_at_peak);
+  mem.device_peak = m.device_peak;
+  mem.host_pinned_peak = m.pinned.allocated.peak;
+  row.memory = mem;
+  row.time = TimeFigures{m.samples_s, m.median_s, m.p10_s, m.p90_s, m.cv};
+  row.throughput =
+      ThroughputFigures{m.samples_per_s, m.tokens_per_s, m.flops_per_step,
+                        m.median_s > 0 ? m.flops_per_step / m.median_s / 1e12 : 0.0, std::nullopt};
+  row.train = TrainFigures{m.loss_first, m.loss_last, m.skipped_steps, m.loss_scale};
+  row.transfer = TransferFigures{m.transfers.h2d_bytes, m.transfers.d2h_bytes};
 }
 
 int run_point_and_print(Device& dev, Model& model, const TrainConfig& cfg,
@@ -147,11 +118,6 @@ int run_point_and_print(Device& dev, Model& model, const TrainConfig& cfg,
              m.median_s * 1e3, m.p10_s * 1e3, m.p90_s * 1e3, m.cv * 100, m.samples_s.size());
   fmt::print("  throughput   {:.1f} samples/s, {:.0f} tokens/s, {:.2f} GFLOP/s\n", m.samples_per_s,
              m.tokens_per_s, m.median_s > 0 ? m.flops_per_step / m.median_s / 1e9 : 0.0);
-  if (!options.out.empty()) {
-    std::ofstream out(options.out);
-    if (!out) throw std::runtime_error("cannot write " + options.out);
-    out << measurement_json(dev, model, cfg, m).dump(2) << "\n";
-  }
   return std::isfinite(m.loss_last) ? 0 : 1;
 }
 

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/common/point_row.h"
 #include "kernels/device.h"
 #include "models/config.h"
 #include "models/model.h"
@@ -19,7 +20,6 @@ namespace memtrade {
 struct PointRunOptions {
   int warmup = 2;
   int steps = 8;
-  std::string out;               // optional JSON file for the point
   bool trace_last_step = false;  // keep the allocator's event trace of the last measured step
 };
 
@@ -40,16 +40,14 @@ struct PointMeasurement {
 
 PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
                            const PointRunOptions& options);
-nlohmann::json measurement_json(const Device& dev, const Model& model, const TrainConfig& cfg,
-                                const PointMeasurement& m);
-// Runs, prints a short summary (and writes options.out); returns the process exit code.
+// The measured sections of a result row (memory, time, throughput, train, transfer).
+void fill_measurement(PointRow& row, const PointMeasurement& m);
+// Runs, prints a short summary; returns the process exit code.
 int run_point_and_print(Device& dev, Model& model, const TrainConfig& cfg,
                         const PointRunOptions& options);
 
-// Bytes per category as {"params": ..., "grads": ..., ...}, the results' breakdown format.
+// Bytes per category ({"params": ..., "grads": ..., ...}), the results' breakdown format.
+ByteBreakdown breakdown_of(const std::array<std::int64_t, kNumCategories>& bytes);
 nlohmann::json breakdown_json(const std::array<std::int64_t, kNumCategories>& bytes);
-
-// Quantile with linear interpolation (numpy's default) of unsorted samples.
-double quantile(std::vector<double> samples, double q);
 
 }  // namespace memtrade

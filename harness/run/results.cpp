@@ -1,15 +1,13 @@
 #include "harness/run/results.h"
 
-#include <chrono>
-#include <cstdio>
 #include <ctime>
-#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include "harness/common/bad_input.h"
+#include "kernels/device.h"
+#include "models/knobs.h"
 
 namespace memtrade {
 
@@ -33,57 +31,16 @@ nlohmann::json make_meta(const std::string& backend, const std::string& device_n
           {"grid", grid ? nlohmann::json(grid->name) : nlohmann::json(nullptr)},
           {"grid_hash", grid ? nlohmann::json(grid->hash) : nlohmann::json(nullptr)},
           {"memtrade", MEMTRADE_VERSION},
-          {"versions", versions}};
+          {"versions", versions},
+          {"knobs", knobs_json()}};
 }
 
-nlohmann::json load_results(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) throw BadInput(fmt::format("{}: cannot read results file", path.string()));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw BadInput(fmt::format("{}: malformed or truncated JSON (byte {})", path.string(), e.byte));
-  }
-  if (!j.is_object() || j.value("schema", "") != kResultsSchema)
-    throw BadInput(fmt::format("{}: not a memtrade results file (schema must be \"{}\")",
-                               path.string(), kResultsSchema));
-  if (!j.contains("points") || !j["points"].is_array())
-    throw BadInput(fmt::format("{}: 'points' must be an array", path.string()));
-  for (const auto& p : j["points"])
-    if (!p.is_object() || !p.contains("id") || !p["id"].is_string() || !p.contains("status"))
-      throw BadInput(fmt::format("{}: a point lacks 'id' or 'status'", path.string()));
-  return j;
-}
-
-void write_json_atomic(const std::filesystem::path& path, const nlohmann::json& j) {
-  auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  if (!dir.empty()) std::filesystem::create_directories(dir);
-  auto tmp = dir / fmt::format(".{}.{}.tmp", path.filename().string(), getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write " + tmp.string());
-    out << j.dump(1) << "\n";
-    out.flush();
-    if (!out) throw std::runtime_error("write failed: " + tmp.string());
-  }
-  std::filesystem::rename(tmp, path);
-}
-
-nlohmann::json failed_point(const GridPoint& p, const std::string& status,
-                            const std::string& error) {
-  return {{"id", p.id},
-          {"config", config_json(p.config)},
-          {"status", status},
-          {"error", error},
-          {"memory", nullptr},
-          {"time", nullptr},
-          {"throughput", nullptr},
-          {"train", nullptr},
-          {"transfer", nullptr}};
+PointRow failed_point(const GridPoint& p, const std::string& status, const std::string& error) {
+  return PointRow::failed(p.id, config_json(p.config), status, error);
 }
 
 namespace {
+
 std::string csv_field(const nlohmann::json& v) {
   if (v.is_null()) return "";
   std::string s = v.is_string() ? v.get<std::string>() : v.dump();
@@ -94,43 +51,63 @@ std::string csv_field(const nlohmann::json& v) {
   }
   return s;
 }
-const nlohmann::json& at_path(const nlohmann::json& p, const char* a, const char* b) {
-  static const nlohmann::json null_value;
-  if (!p.contains(a) || !p[a].is_object() || !p[a].contains(b)) return null_value;
-  return p[a][b];
+
+template <typename T>
+nlohmann::json opt(const std::optional<T>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
 }
+
 }  // namespace
 
-std::string results_csv(const nlohmann::json& results) {
-  static const char* config_cols[] = {"model",      "batch_size",  "accumulation", "precision",
-                                      "checkpoint", "optimizer",   "offload",      "zero_grad",
-                                      "mode",       "empty_cache", "input"};
-  static const std::pair<const char*, const char*> metric_cols[] = {{"memory", "peak_allocated"},
-                                                                    {"memory", "peak_requested"},
-                                                                    {"memory", "peak_reserved"},
-                                                                    {"memory", "predicted_peak"},
-                                                                    {"memory", "host_pinned_peak"},
-                                                                    {"time", "median_s"},
-                                                                    {"time", "p10_s"},
-                                                                    {"time", "p90_s"},
-                                                                    {"time", "cv"},
-                                                                    {"throughput", "samples_per_s"},
-                                                                    {"throughput", "tokens_per_s"},
-                                                                    {"throughput", "tflops"},
-                                                                    {"train", "loss_first"},
-                                                                    {"train", "loss_last"},
-                                                                    {"transfer", "h2d_bytes"},
-                                                                    {"transfer", "d2h_bytes"}};
+std::string results_csv(const ResultsFile& results) {
+  using Getter = std::function<nlohmann::json(const PointRow&)>;
+  auto mem = [](auto f) -> Getter {
+    return [f](const PointRow& p) { return p.memory ? nlohmann::json(f(*p.memory)) : nullptr; };
+  };
+  auto tim = [](auto f) -> Getter {
+    return [f](const PointRow& p) { return p.time ? nlohmann::json(f(*p.time)) : nullptr; };
+  };
+  auto thr = [](auto f) -> Getter {
+    return [f](const PointRow& p) {
+      return p.throughput ? nlohmann::json(f(*p.throughput)) : nullptr;
+    };
+  };
+  auto trn = [](auto f) -> Getter {
+    return [f](const PointRow& p) { return p.train ? nlohmann::json(f(*p.train)) : nullptr; };
+  };
+  auto xfr = [](auto f) -> Getter {
+    return [f](const PointRow& p) { return p.transfer ? nlohmann::json(f(*p.transfer)) : nullptr; };
+  };
+  const std::vector<std::pair<const char*, Getter>> metrics = {
+      {"peak_allocated", mem([](const MemoryFigures& m) { return m.peak_allocated; })},
+      {"peak_requested", mem([](const MemoryFigures& m) { return m.peak_requested; })},
+      {"peak_reserved", mem([](const MemoryFigures& m) { return m.peak_reserved; })},
+      {"predicted_peak", mem([](const MemoryFigures& m) { return opt(m.predicted_peak); })},
+      {"host_pinned_peak", mem([](const MemoryFigures& m) { return m.host_pinned_peak; })},
+      {"median_s", tim([](const TimeFigures& t) { return t.median_s; })},
+      {"p10_s", tim([](const TimeFigures& t) { return t.p10_s; })},
+      {"p90_s", tim([](const TimeFigures& t) { return t.p90_s; })},
+      {"cv", tim([](const TimeFigures& t) { return t.cv; })},
+      {"samples_per_s", thr([](const ThroughputFigures& t) { return t.samples_per_s; })},
+      {"tokens_per_s", thr([](const ThroughputFigures& t) { return t.tokens_per_s; })},
+      {"tflops", thr([](const ThroughputFigures& t) { return t.tflops; })},
+      {"loss_first", trn([](const TrainFigures& t) { return t.loss_first; })},
+      {"loss_last", trn([](const TrainFigures& t) { return t.loss_last; })},
+      {"h2d_bytes", xfr([](const TransferFigures& t) { return t.h2d_bytes; })},
+      {"d2h_bytes", xfr([](const TransferFigures& t) { return t.d2h_bytes; })}};
+  // A file written before an axis existed ran at that axis's default.
+  const nlohmann::json defaults = config_json(TrainConfig{});
   std::ostringstream out;
   out << "id,status";
-  for (const char* c : config_cols) out << "," << c;
-  for (const auto& [a, b] : metric_cols) out << "," << b;
+  for (const Knob& k : knobs()) out << "," << k.name;
+  for (const auto& [name, get] : metrics) out << "," << name;
   out << ",error\n";
-  for (const auto& p : results["points"]) {
-    out << csv_field(p["id"]) << "," << csv_field(p["status"]);
-    for (const char* c : config_cols) out << "," << csv_field(at_path(p, "config", c));
-    for (const auto& [a, b] : metric_cols) out << "," << csv_field(at_path(p, a, b));
-    out << "," << csv_field(p.value("error", nlohmann::json()));
+  for (const PointRow& p : results.points) {
+    out << csv_field(p.id) << "," << csv_field(p.status);
+    for (const Knob& k : knobs())
+      out << "," << csv_field(p.config.contains(k.name) ? p.config[k.name] : defaults[k.name]);
+    for (const auto& [name, get] : metrics) out << "," << csv_field(get(p));
+    out << "," << csv_field(opt(p.error));
     out << "\n";
   }
   return out.str();

@@ -1,37 +1,27 @@
-// Results files (DESIGN.md "Results (JSON)", schema memtrade.results/1): creation, validation,
-// and atomic rewriting after every point so that a crash or Ctrl-C loses nothing finished.
+// Results files (schema memtrade.results/1; the rows are harness/common/point_row.h): the meta
+// block a run writes, and the CSV export.
 #pragma once
 
-#include <filesystem>
-#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "harness/common/point_row.h"
 #include "harness/run/grid.h"
-#include "kernels/device.h"
 
 namespace memtrade {
 
-inline constexpr const char* kResultsSchema = "memtrade.results/1";
-
-// meta: commit, dirty, time, host, backend, device, capacity, versions, grid name and hash.
+// meta: commit, dirty, time, host, backend, device, capacity, versions, grid name and hash, and
+// the knob table (`knobs`, as `memtrade knobs --json` prints it), so that a results file says
+// which axes it has and their defaults to any reader (reports/, bench/peers/).
 nlohmann::json make_meta(const std::string& backend, const std::string& device_name,
                          std::size_t device_memory, const Grid* grid, std::size_t capacity);
 
-// Reads and validates a results file; throws BadInput "FILE: problem" (unreadable, malformed or
-// truncated JSON, wrong schema, points without id/status).
-nlohmann::json load_results(const std::filesystem::path& path);
+// The row of a point that produced no measurement (oom, error, timeout, skipped).
+PointRow failed_point(const GridPoint& p, const std::string& status, const std::string& error);
 
-// Writes via a temporary file in the same directory + rename(2): readers see the old or the new
-// file, never half of one.
-void write_json_atomic(const std::filesystem::path& path, const nlohmann::json& j);
-
-// A row for a point that produced no measurement (oom, error, timeout, skipped).
-nlohmann::json failed_point(const GridPoint& p, const std::string& status,
-                            const std::string& error);
-
-// Results as CSV for spreadsheets: one row per point, config columns then metrics.
-std::string results_csv(const nlohmann::json& results);
+// Results as CSV for spreadsheets: one row per point; id, status, one column per axis of the
+// knob table, then the metrics, then error.
+std::string results_csv(const ResultsFile& results);
 
 }  // namespace memtrade

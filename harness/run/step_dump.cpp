@@ -6,33 +6,11 @@
 #include <fmt/format.h>
 
 #include "harness/run/npy.h"
+#include "models/knobs.h"
+#include "models/saved_tensors.h"
 #include "models/trainer.h"
 
 namespace memtrade {
-
-nlohmann::json step_config_json(const TrainConfig& cfg, float effective_lr) {
-  nlohmann::json c;
-  c["model"] = cfg.model;
-  c["batch_size"] = cfg.batch_size;
-  c["accumulation"] = cfg.accumulation;
-  c["precision"] = precision_name(cfg.precision);
-  // A density is a number, as in grid files; sqrt and selective are strings.
-  if (cfg.checkpoint.kind == Checkpoint::Kind::density)
-    c["checkpoint"] = cfg.checkpoint.density;
-  else
-    c["checkpoint"] = cfg.checkpoint.str();
-  c["optimizer"] = optimizer_name(cfg.optimizer);
-  c["offload"] = offload_name(cfg.offload);
-  c["zero_grad"] = zero_grad_name(cfg.zero_grad);
-  c["mode"] = mode_name(cfg.mode);
-  c["empty_cache"] = empty_cache_name(cfg.empty_cache);
-  c["input"] = input_name(cfg.input);
-  c["seed"] = cfg.seed;
-  c["lr"] = effective_lr;
-  c["loss_scale_init"] = cfg.loss_scale_init;
-  c["loss_scale_growth_interval"] = cfg.loss_scale_growth_interval;
-  return c;
-}
 
 nlohmann::json optimizer_hyper_json(const OptimizerHyper& h) {
   return nlohmann::json{{"kind", optimizer_name(h.kind)},
@@ -47,6 +25,12 @@ nlohmann::json optimizer_hyper_json(const OptimizerHyper& h) {
                         {"alpha", h.alpha},
                         {"lr_decay", h.lr_decay},
                         {"initial_accumulator_value", h.initial_accumulator_value}};
+}
+
+nlohmann::json checkpoint_plan_json(const CheckpointPlan& plan) {
+  nlohmann::json segments = nlohmann::json::array();
+  for (const auto& seg : plan.segments) segments.push_back({seg.begin, seg.end, seg.recompute});
+  return {{"selective", plan.selective}, {"segments", segments}};
 }
 
 void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
@@ -100,7 +84,16 @@ void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
 
   nlohmann::json meta;
   meta["schema"] = "memtrade.step/1";
-  meta["config"] = step_config_json(cfg, trainer.optimizer_hyper().lr);
+  // The one config serialiser (models/knobs.h), plus what the step resolved from it: the
+  // effective learning rate, the loss-scale settings and the checkpoint plan, so that a peer
+  // (bench/peers/) redoes exactly this step without re-implementing memtrade's rules.
+  meta["config"] = config_json(cfg);
+  meta["config"]["lr"] = trainer.optimizer_hyper().lr;
+  meta["config"]["loss_scale_init"] = cfg.loss_scale_init;
+  meta["config"]["loss_scale_growth_interval"] = cfg.loss_scale_growth_interval;
+  meta["checkpoint_plan"] = checkpoint_plan_json(
+      cfg.mode == Mode::train ? CheckpointPlan::make(cfg.checkpoint, model.num_blocks())
+                              : CheckpointPlan::none(model.num_blocks()));
   meta["hyper"] = model.hyper();
   meta["params"] = names;
   meta["shapes"] = shapes;

@@ -10,8 +10,9 @@
 //                                accumulation and unscaling, fp32 (inf/nan kept when an fp16
 //                                step overflowed and was skipped)
 //   DIR/params_after/<name>.npy  trainable parameters after the step, fp32
-//   DIR/meta.json                {"schema": "memtrade.step/1", "config": every knob in its
-//                                contract spelling (+ seed, effective lr, loss-scale settings),
+//   DIR/meta.json                {"schema": "memtrade.step/1", "config": config_json (every
+//                                axis, seed) + the effective "lr" and the loss-scale settings,
+//                                "checkpoint_plan": the blocks recomputed, as segments,
 //                                "hyper": model.hyper(), "params": [names in order],
 //                                "shapes": {name: shape}, "optimizer_hyper": {...}, "loss",
 //                                "loss_scale", "skipped", "device", "backend"}
@@ -28,6 +29,7 @@
 #include "kernels/device.h"
 #include "models/config.h"
 #include "models/model.h"
+#include "models/saved_tensors.h"
 
 namespace memtrade {
 
@@ -36,8 +38,9 @@ namespace memtrade {
 void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
                      const std::filesystem::path& dir);
 
-// meta.json's "config": every knob with its contract spelling.
-nlohmann::json step_config_json(const TrainConfig& cfg, float effective_lr);
+// meta.json's "checkpoint_plan": {"selective": bool, "segments": [[begin, end, recompute], ...]}
+// (models/saved_tensors.h CheckpointPlan).
+nlohmann::json checkpoint_plan_json(const CheckpointPlan& plan);
 // meta.json's "optimizer_hyper": the OptimizerHyper fields by their torch.optim names.
 nlohmann::json optimizer_hyper_json(const OptimizerHyper& h);
 

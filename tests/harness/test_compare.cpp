@@ -5,10 +5,10 @@
 #include <cstdlib>
 
 #include "fixtures/gate_fixtures.h"
-#include "harness/cli.h"
-#include "harness/compare.h"
-#include "harness/compare_ab.h"
-#include "harness/compare_report.h"
+#include "harness/common/bad_input.h"
+#include "harness/gate/compare.h"
+#include "harness/gate/compare_ab.h"
+#include "harness/gate/compare_report.h"
 
 namespace memtrade {
 namespace {

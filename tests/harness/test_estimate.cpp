@@ -3,7 +3,7 @@
 // 16-bit GEMM operands, im2col). Runs anywhere: the model's device is address space only.
 #include <gtest/gtest.h>
 
-#include "harness/estimate.h"
+#include "harness/run/estimate.h"
 #include "kernels/cuda_workspace.h"
 #include "models/config.h"
 

@@ -4,8 +4,8 @@
 
 #include <set>
 
-#include "harness/cli.h"
-#include "harness/grid.h"
+#include "harness/common/bad_input.h"
+#include "harness/run/grid.h"
 
 namespace memtrade {
 namespace {
@@ -113,7 +113,7 @@ TEST(Grid, ConfigJsonRoundTrips) {
   c.zero_grad = ZeroGrad::zero;
   TrainConfig back = config_from_json(config_json(c));
   EXPECT_EQ(point_id(back), point_id(c));
-  EXPECT_THROW(config_from_json({{"precision", "fp8"}}), BadInput);
+  EXPECT_THROW(config_from_json({{"precision", "fp8"}}), KnobError);
 }
 
 TEST(Grid, ShardsPartitionThePoints) {
@@ -131,7 +131,7 @@ TEST(Grid, ShardsPartitionThePoints) {
 
 TEST(Grid, ErrorsNameFileLineAndKey) {
   EXPECT_EQ(error_of("name = \"x\"\n[axes]\nbatch_size = [4, -8]\n"),
-            "g.toml:3: axes.batch_size: must be a positive integer, got -8");
+            "g.toml:3: axes.batch_size: must be a positive integer, got '-8'");
   EXPECT_NE(
       error_of("[axes]\nprecison = [\"fp32\"]\n").find("g.toml:2: axes: unknown axis 'precison'"),
       std::string::npos);

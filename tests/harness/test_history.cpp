@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "fixtures/gate_fixtures.h"
-#include "harness/cli.h"
-#include "harness/history.h"
+#include "harness/common/bad_input.h"
+#include "harness/gate/history.h"
 
 namespace memtrade {
 namespace {

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "fixtures/gate_fixtures.h"
-#include "harness/grid.h"
+#include "harness/run/grid.h"
 #include "kernels/cuda_probe.h"
 
 namespace memtrade {

@@ -7,8 +7,8 @@
 #include <random>
 
 #include "fixtures/gate_fixtures.h"
-#include "harness/compare.h"
-#include "harness/stats.h"
+#include "harness/common/stats.h"
+#include "harness/gate/compare.h"
 
 namespace memtrade {
 namespace {

@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "harness/npy.h"
-#include "harness/step_dump.h"
+#include "harness/run/npy.h"
+#include "harness/run/step_dump.h"
 #include "kernels/device.h"
 #include "models/model.h"
 

@@ -1,0 +1,86 @@
+#include "harness/run/fit.h"
+
+#include <map>
+
+#include "harness/run/estimate.h"
+#include "harness/run/point_child.h"
+
+namespace memtrade {
+
+std::int64_t largest_fitting_batch(TrainConfig cfg, Backend b, std::size_t capacity,
+                                   std::int64_t limit) {
+  auto fits = [&](std::int64_t batch) {
+    cfg.batch_size = batch;
+    return estimate_memory(cfg, b, capacity).fits;
+  };
+  if (!fits(1)) return 0;
+  std::int64_t lo = 1, hi = 2;
+  while (hi <= limit && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  hi = std::min(hi, limit + 1);
+  while (hi - lo > 1) {
+    std::int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+nlohmann::json FitRow::to_json(std::size_t capacity) const {
+  nlohmann::json row = {{"id", id},
+                        {"config", config_json(config)},
+                        {"max_batch", max_batch},
+                        {"capacity", capacity},
+                        {"confirmed", nullptr}};
+  if (predicted_peak >= 0) row["predicted_peak"] = predicted_peak;
+  if (!confirmed_at.empty()) {
+    row["confirmed"] = {{"at", confirmed_at}, {"above", above}};
+    row["confirmed_ok"] = confirmed_ok();
+  }
+  return row;
+}
+
+std::vector<FitRow> fit_points(const std::vector<GridPoint>& points, const FitOptions& o) {
+  std::map<std::string, TrainConfig> combos;
+  for (const auto& p : points) {
+    TrainConfig c = p.config;
+    c.batch_size = 1;
+    combos.emplace(point_id(c), c);
+  }
+  std::vector<FitRow> rows;
+  for (const auto& [id, cfg] : combos) {
+    FitRow row;
+    row.id = id;
+    row.config = cfg;
+    row.max_batch = largest_fitting_batch(cfg, o.backend, o.capacity, o.max_batch);
+    if (row.max_batch > 0) {
+      TrainConfig c = cfg;
+      c.batch_size = row.max_batch;
+      row.predicted_peak = estimate_memory(c, o.backend, o.capacity).peak_allocated;
+    }
+    if (o.confirm && row.max_batch > 0) {
+      PointJob job;
+      job.backend = o.backend_name;
+      job.capacity = o.capacity;
+      job.warmup = 1;
+      job.steps = 1;
+      job.threads = o.threads;
+      job.point.config = cfg;
+      job.point.config.batch_size = row.max_batch;
+      job.point.id = point_id(job.point.config);
+      row.confirmed_at = run_point_row(job).status;
+      if (row.max_batch < o.max_batch) {
+        job.point.config.batch_size = row.max_batch + 1;
+        job.point.id = point_id(job.point.config);
+        row.above = run_point_row(job).status;
+      } else {
+        row.above = std::string(1, '-');  // nothing above the search's limit to run
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace memtrade

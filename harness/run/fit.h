@@ -1,0 +1,41 @@
+// `memtrade fit`: the largest batch size that fits a capacity, per knob combination, from the
+// memory model (exponential then binary search on estimate_memory), optionally confirmed by
+// running the batch found (must fit) and the one above it (must not).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/run/grid.h"
+#include "kernels/device.h"
+
+namespace memtrade {
+
+struct FitOptions {
+  Backend backend = Backend::cpu;
+  std::string backend_name = "cpu";  // for confirming runs
+  std::size_t capacity = 0;
+  std::int64_t max_batch = 65536;
+  bool confirm = false;
+  int threads = 0;
+};
+
+struct FitRow {
+  std::string id;  // the batch-1 id of the knob combination
+  TrainConfig config;
+  std::int64_t max_batch = 0;        // 0: not even batch 1 fits
+  std::int64_t predicted_peak = -1;  // at max_batch, when it is > 0
+  std::string confirmed_at, above;   // statuses of the confirming runs ("" when not run)
+  bool confirmed_ok() const { return confirmed_at == "ok" && (above == "oom" || above == "-"); }
+  nlohmann::json to_json(std::size_t capacity) const;  // a row of schema memtrade.fit/1
+};
+
+std::int64_t largest_fitting_batch(TrainConfig cfg, Backend b, std::size_t capacity,
+                                   std::int64_t limit);
+// One row per distinct knob combination of `points` (batch size is what fit searches).
+std::vector<FitRow> fit_points(const std::vector<GridPoint>& points, const FitOptions& o);
+
+}  // namespace memtrade

@@ -1,0 +1,255 @@
+#include "models/knobs.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "models/model.h"
+
+namespace memtrade {
+namespace {
+
+std::string expected(const std::vector<std::string>& accepted) {
+  return fmt::format("expected one of: {}", fmt::join(accepted, ", "));
+}
+
+// A row for an enum field: its spellings come from models/config.cpp (their one home).
+template <typename E>
+Knob enum_knob(std::string name, std::string flag, std::string prefix, std::string help,
+               E TrainConfig::*field, std::string_view (*to_text)(E),
+               std::optional<E> (*parse)(std::string_view), std::vector<std::string> (*all)()) {
+  Knob k;
+  k.name = std::move(name);
+  k.flag = std::move(flag);
+  k.id_prefix = std::move(prefix);
+  k.type = KnobType::text;
+  k.help = std::move(help);
+  k.choices = all;
+  k.get = [field, to_text](const TrainConfig& c) { return std::string(to_text(c.*field)); };
+  k.set = [field, parse, all](TrainConfig& c, std::string_view text) -> std::optional<std::string> {
+    auto v = parse(text);
+    if (!v) return fmt::format("unknown value '{}' ({})", text, expected(all()));
+    c.*field = *v;
+    return std::nullopt;
+  };
+  return k;
+}
+
+// A row for a positive integer field.
+Knob count_knob(std::string name, std::string flag, std::string prefix, std::string help,
+                std::int64_t TrainConfig::*field, std::vector<std::string> examples) {
+  Knob k;
+  k.name = std::move(name);
+  k.flag = std::move(flag);
+  k.id_prefix = std::move(prefix);
+  k.type = KnobType::integer;
+  k.help = std::move(help);
+  k.values_text = "a positive integer";
+  k.examples = std::move(examples);
+  k.get = [field](const TrainConfig& c) { return std::to_string(c.*field); };
+  k.set = [field](TrainConfig& c, std::string_view text) -> std::optional<std::string> {
+    std::int64_t v = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || end != text.data() + text.size() || v < 1)
+      return fmt::format("must be a positive integer, got '{}'", text);
+    c.*field = v;
+    return std::nullopt;
+  };
+  return k;
+}
+
+std::vector<Knob> make_table() {
+  std::vector<Knob> t;
+
+  Knob model;
+  model.name = "model";
+  model.flag = "--model";
+  model.type = KnobType::text;
+  model.help = "The network (see `memtrade knobs`: gpt-*, mlp-*, cnn-*)";
+  model.choices = [] { return model_names(); };
+  model.get = [](const TrainConfig& c) { return c.model; };
+  model.set = [](TrainConfig& c, std::string_view text) -> std::optional<std::string> {
+    const auto names = model_names();
+    if (std::find(names.begin(), names.end(), text) == names.end())
+      return fmt::format("unknown value '{}' ({})", text, expected(names));
+    c.model = std::string(text);
+    return std::nullopt;
+  };
+  t.push_back(std::move(model));
+
+  t.push_back(count_knob("batch_size", "--batch-size", "b", "Samples per micro-batch",
+                         &TrainConfig::batch_size, {"1", "8"}));
+  t.push_back(count_knob("accumulation", "--accumulation", "a",
+                         "Micro-batches per optimizer step (gradient accumulation)",
+                         &TrainConfig::accumulation, {"1", "4"}));
+  t.push_back(enum_knob("precision", "--precision", "",
+                        "Mixed precision: fp32, tf32 (CUDA), fp16/bf16 with an fp32 master "
+                        "copy, fp16-pure/bf16-pure without",
+                        &TrainConfig::precision, precision_name, parse_precision, precision_names));
+
+  Knob ck;
+  ck.name = "checkpoint";
+  ck.flag = "--checkpoint";
+  ck.id_prefix = "ck";
+  ck.type = KnobType::density;
+  ck.help =
+      "Activation checkpointing: the fraction of blocks recomputed in backward, sqrt (√n "
+      "segments) or selective (attention probabilities and GELU input only)";
+  ck.values_text = "a density in [0, 1], sqrt or selective";
+  ck.examples = {"0", "0.5", "1", "sqrt", "selective"};
+  ck.get = [](const TrainConfig& c) { return c.checkpoint.str(); };
+  ck.set = [](TrainConfig& c, std::string_view text) -> std::optional<std::string> {
+    auto v = Checkpoint::parse(text);
+    double d = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), d);
+    if (!v && ec == std::errc() && end == text.data() + text.size())
+      return fmt::format("density {} is outside [0, 1]", text);
+    if (!v) return fmt::format("'{}' is not a density in [0, 1], 'sqrt' or 'selective'", text);
+    c.checkpoint = *v;
+    return std::nullopt;
+  };
+  t.push_back(std::move(ck));
+
+  t.push_back(enum_knob("optimizer", "--optimizer", "",
+                        "Optimizer (state per parameter: sgd 0, momentum/adagrad/rmsprop 1, "
+                        "adam/adamw 2 fp32 copies)",
+                        &TrainConfig::optimizer, optimizer_name, parse_optimizer, optimizer_names));
+  t.push_back(enum_knob("offload", "--offload", "off-",
+                        "CPU offload: saved activations, optimizer state and update "
+                        "(ZeRO-Offload), or the block weights themselves",
+                        &TrainConfig::offload, offload_name, parse_offload, offload_names));
+  t.push_back(enum_knob("zero_grad", "--zero-grad", "zg-",
+                        "zero_grad(set_to_none=True) frees the grads after the step; zero keeps "
+                        "and zero-fills them",
+                        &TrainConfig::zero_grad, zero_grad_name, parse_zero_grad, zero_grad_names));
+  t.push_back(enum_knob("mode", "--mode", "",
+                        "train, or eval: forward only with nothing saved (the no-grad path)",
+                        &TrainConfig::mode, mode_name, parse_mode, mode_names));
+  t.push_back(enum_knob(
+      "empty_cache", "--empty-cache", "ec-", "torch.cuda.empty_cache() after every step, or never",
+      &TrainConfig::empty_cache, empty_cache_name, parse_empty_cache, empty_cache_names));
+  t.push_back(enum_knob("input", "--input", "in-",
+                        "Host memory the batch is staged in before its copy to the device",
+                        &TrainConfig::input, input_name, parse_input, input_names));
+
+  for (Knob& k : t) {
+    if (!k.applies) k.applies = [](const TrainConfig&) { return true; };
+    if (!k.choices) k.choices = [] { return std::vector<std::string>{}; };
+  }
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::string> Knob::test_values() const {
+  auto c = choices();
+  return c.empty() ? examples : c;
+}
+
+const std::vector<Knob>& knobs() {
+  static const std::vector<Knob> table = make_table();
+  return table;
+}
+
+const Knob* find_knob(std::string_view name) {
+  for (const Knob& k : knobs())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+const Knob& knob(std::string_view name) {
+  const Knob* k = find_knob(name);
+  if (k == nullptr)
+    throw std::invalid_argument(
+        fmt::format("unknown axis '{}' ({})", name, expected(knob_names())));
+  return *k;
+}
+
+std::vector<std::string> knob_names() {
+  std::vector<std::string> out;
+  for (const Knob& k : knobs()) out.push_back(k.name);
+  return out;
+}
+
+void set_knob(TrainConfig& cfg, const Knob& k, std::string_view text) {
+  if (auto err = k.set(cfg, text)) throw KnobError(fmt::format("{}: {}", k.name, *err));
+}
+
+std::string point_id(const TrainConfig& c) {
+  std::string id;
+  for (const Knob& k : knobs()) {
+    const std::string v = k.get(c);
+    if (k.id_rule == IdRule::non_default && (!k.applies(c) || v == k.default_text())) continue;
+    if (!id.empty()) id += '/';
+    id += k.id_prefix + v;
+  }
+  return id;
+}
+
+nlohmann::json config_json(const TrainConfig& c) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const Knob& k : knobs()) {
+    const std::string v = k.get(c);
+    if (k.type == KnobType::integer)
+      j[k.name] = std::stoll(v);
+    else
+      j[k.name] = v;
+  }
+  j["seed"] = c.seed;
+  return j;
+}
+
+TrainConfig config_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw KnobError("config: expected an object");
+  TrainConfig c;
+  for (const Knob& k : knobs()) {
+    if (!j.contains(k.name)) continue;
+    const nlohmann::json& v = j.at(k.name);
+    std::string text;
+    if (v.is_string() && k.type != KnobType::integer) {
+      text = v.get<std::string>();
+    } else if (v.is_number_integer() && k.type != KnobType::text) {
+      text = v.dump();
+    } else if (v.is_number() && k.type == KnobType::density) {
+      text = fmt::format("{}", v.get<double>());  // step dumps before 0.2 wrote a number
+    } else {
+      throw KnobError(fmt::format("config.{}: expected {}, got {}", k.name,
+                                  k.type == KnobType::integer ? "an integer" : "a string",
+                                  v.dump()));
+    }
+    set_knob(c, k, text);
+  }
+  if (j.contains("seed")) {
+    if (!j.at("seed").is_number_unsigned() && !j.at("seed").is_number_integer())
+      throw KnobError("config.seed: expected an integer");
+    c.seed = j.at("seed").get<std::uint64_t>();
+  }
+  return c;
+}
+
+nlohmann::json knobs_json() {
+  nlohmann::json out = nlohmann::json::array();
+  static constexpr const char* kTypes[] = {"integer", "text", "density"};
+  for (const Knob& k : knobs()) {
+    const auto choices = k.choices();
+    const std::string def = k.default_text();
+    nlohmann::json row = {
+        {"name", k.name},
+        {"flag", k.flag},
+        {"id_prefix", k.id_prefix},
+        {"id_rule", k.id_rule == IdRule::always ? "always" : "non_default"},
+        {"type", kTypes[static_cast<int>(k.type)]},
+        {"default",
+         k.type == KnobType::integer ? nlohmann::json(std::stoll(def)) : nlohmann::json(def)},
+        {"choices", choices.empty() ? nlohmann::json(nullptr) : nlohmann::json(choices)},
+        {"examples", k.test_values()},
+        {"values", choices.empty() ? k.values_text : fmt::format("{}", fmt::join(choices, " | "))},
+        {"help", k.help}};
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
+}  // namespace memtrade
