@@ -28,7 +28,9 @@ void write_text(const std::string& path, const std::string& text) {
 struct CompareArgs {
   std::string base, head, thresholds, format = "text", output;
   std::string write_markdown, write_json, write_junit;
-  bool fail_on_inconclusive = false, verbose = false;
+  bool fail_on_inconclusive = false, verbose = false, allow_removed = false;
+  std::vector<std::string> renames;  // OLD=NEW
+  std::string rename_map;
   AbOptions ab;
   std::string save_base, save_head;
 };
@@ -53,8 +55,17 @@ int cmd_compare(const CompareArgs& a) {
     base = load_results(a.base);
     head = load_results(a.head);
   }
-  Comparison c = compare_results(base, head, thresholds);
-  c.fail_on_inconclusive = a.fail_on_inconclusive;
+  GateRules rules;
+  rules.allow_removed = a.allow_removed;
+  rules.fail_on_inconclusive = a.fail_on_inconclusive;
+  if (!a.rename_map.empty()) rules.renames = load_rename_map(a.rename_map);
+  for (const auto& r : a.renames) {
+    const auto eq = r.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == r.size())
+      throw BadInput(fmt::format("--rename {}: expected OLD_ID=NEW_ID", r));
+    rules.renames[r.substr(0, eq)] = r.substr(eq + 1);
+  }
+  Comparison c = compare_results(base, head, thresholds, rules);
 
   if (!a.write_markdown.empty()) write_text(a.write_markdown, report_markdown(c));
   if (!a.write_json.empty()) write_text(a.write_json, report_json(c));
@@ -76,8 +87,8 @@ void register_compare(CLI::App& app, Commands& cmds) {
   auto& a = cmds.keep<CompareArgs>();
   CLI::App* cmd = app.add_subcommand(
       "compare",
-      "Judge HEAD against BASE (results or Google Benchmark JSON): exit 0 ok, 1 regression, 2 bad "
-      "input");
+      "Judge HEAD against BASE (results or Google Benchmark JSON): exit 0 ok, 1 regression or a "
+      "point of BASE missing from HEAD, 2 bad input or nothing to judge");
   cmd->add_option("base", a.base, "Baseline results file");
   cmd->add_option("head", a.head, "Candidate results file");
   cmd->add_option("--thresholds", a.thresholds, "Thresholds TOML (default: built-in defaults)");
@@ -89,6 +100,15 @@ void register_compare(CLI::App& app, Commands& cmds) {
   cmd->add_flag("--fail-on-inconclusive", a.fail_on_inconclusive,
                 "Exit 1 when a gated metric is inconclusive (too few samples)");
   cmd->add_flag("--verbose,-v", a.verbose, "Text: list unchanged rows too");
+  cmd->add_flag("--allow-removed", a.allow_removed,
+                "A deliberate grid change: points of BASE missing from HEAD are listed, not failed");
+  cmd->add_option("--rename", a.renames,
+                  "A deliberate id change, OLD_ID=NEW_ID: judge BASE's OLD_ID against HEAD's NEW_ID "
+                  "(repeatable)")
+      ->allow_extra_args(false);
+  cmd->add_option("--rename-map", a.rename_map,
+                  "JSON object {\"old id\": \"new id\", ...}, as --rename for many points")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--base-bin", a.ab.base_bin, "A/B: baseline memtrade binary");
   cmd->add_option("--head-bin", a.ab.head_bin, "A/B: candidate memtrade binary");
   cmd->add_option("--grid", a.ab.grid, "A/B: grid TOML both binaries run");

@@ -4,8 +4,11 @@
 
 #include <cmath>
 #include <limits>
+#include <algorithm>
 #include <set>
 
+#include "harness/common/bad_input.h"
+#include "harness/common/point_row.h"
 #include "harness/common/stats.h"
 
 namespace memtrade {
@@ -138,22 +141,36 @@ std::size_t Comparison::gated_regressions() const {
 }
 
 int Comparison::exit_code() const {
-  if (gated_regressions() > 0) return 1;
-  if (fail_on_inconclusive)
+  if (gated_regressions() > 0 || removed_fails()) return 1;
+  if (rules.fail_on_inconclusive)
     for (const auto& r : rows)
       if (r.verdict == Verdict::inconclusive && r.gated()) return 1;
   return 0;
 }
 
 Comparison compare_results(const ResultSet& base, const ResultSet& head,
-                           const Thresholds& thresholds) {
+                           const Thresholds& thresholds, const GateRules& rules) {
   Comparison c;
   c.base_label = base.label;
   c.head_label = head.label;
   c.base_meta = base.meta;
   c.head_meta = head.meta;
+  c.rules = rules;
+  // Base points under the id HEAD should have them as: renamed where a rename says so.
   std::map<std::string, const PointData*> base_by_id;
-  for (const auto& p : base.points) base_by_id[p.id] = &p;
+  std::map<std::string, std::string> original;  // head-side id -> base id
+  for (const auto& p : base.points) {
+    auto r = rules.renames.find(p.id);
+    const std::string id = r == rules.renames.end() ? p.id : r->second;
+    if (!base_by_id.emplace(id, &p).second)
+      throw BadInput(fmt::format("{}: two base points map to the head id {} (check the renames)",
+                                 base.label, id));
+    original[id] = p.id;
+  }
+  for (const auto& [from, to] : rules.renames)
+    if (std::none_of(base.points.begin(), base.points.end(),
+                     [&](const PointData& p) { return p.id == from; }))
+      throw BadInput(fmt::format("rename {} -> {}: {} has no point {}", from, to, base.label, from));
   std::set<std::string> head_ids;
   std::vector<std::size_t> tested;  // rows with a raw p-value, for the correction
 
@@ -165,6 +182,8 @@ Comparison compare_results(const ResultSet& base, const ResultSet& head,
       continue;
     }
     const PointData& b = *it->second;
+    ++c.matched;
+    if (original[h.id] != h.id) c.renamed.emplace_back(original[h.id], h.id);
     if (b.status != h.status || b.status != "ok") {
       c.rows.push_back(status_row(b, h));
       continue;
@@ -191,8 +210,13 @@ Comparison compare_results(const ResultSet& base, const ResultSet& head,
       c.rows.push_back(std::move(r));
     }
   }
-  for (const auto& b : base.points)
-    if (!head_ids.contains(b.id)) c.removed.push_back(b.id);
+  for (const auto& [id, b] : base_by_id)
+    if (!head_ids.contains(id)) c.removed.push_back(b->id);
+  if (c.matched == 0)
+    throw BadInput(fmt::format(
+        "nothing to judge: no point of {} ({} points) is in {} ({} points){}", head.label,
+        head.points.size(), base.label, base.points.size(),
+        head.points.empty() ? "" : " (different grids? renamed ids? see --rename)"));
 
   // One Benjamini-Hochberg family: every tested time/throughput metric of every point.
   std::vector<double> raw;
@@ -204,6 +228,19 @@ Comparison compare_results(const ResultSet& base, const ResultSet& head,
     judge_statistical(r);
   }
   return c;
+}
+
+std::map<std::string, std::string> load_rename_map(const std::string& path) {
+  const nlohmann::json doc = read_json_file(path);
+  if (!doc.is_object())
+    throw BadInput(fmt::format("{}: a rename map is a JSON object {{\"old id\": \"new id\"}}", path));
+  std::map<std::string, std::string> out;
+  for (const auto& [from, to] : doc.items()) {
+    if (!to.is_string())
+      throw BadInput(fmt::format("{}: the new id of {} must be a string", path, from));
+    out[from] = to.get<std::string>();
+  }
+  return out;
 }
 
 }  // namespace memtrade

@@ -66,21 +66,42 @@ struct CompareRow {
   bool gated() const { return rule.gate; }
 };
 
+// What the gate is told about deliberate grid changes. Without it, a point of BASE that HEAD
+// does not have is a failure: a run that silently loses points, or a change that renames every
+// point id, must not pass.
+struct GateRules {
+  bool allow_removed = false;  // removed points are listed, not failed
+  // BASE id -> HEAD id, for points whose id changed on purpose (a renamed axis value, a new
+  // axis in the id): the base point is judged against the head point of the new id.
+  std::map<std::string, std::string> renames;
+  bool fail_on_inconclusive = false;
+};
+
 struct Comparison {
   std::string base_label, head_label;
   nlohmann::json base_meta, head_meta;
   std::vector<CompareRow> rows;  // point order of head, then metric order
-  std::vector<std::string> added, removed;
-  bool fail_on_inconclusive = false;
+  std::vector<std::string> added;    // in HEAD only: reported, never judged
+  std::vector<std::string> removed;  // in BASE only (after renames)
+  std::vector<std::pair<std::string, std::string>> renamed;  // applied renames, base -> head
+  std::size_t matched = 0;  // points present on both sides (after renames)
+  GateRules rules;
 
   std::size_t count(Verdict v) const;
   std::size_t gated_regressions() const;
-  // Exit status of the comparison: 1 when something gated regressed (or was inconclusive under
-  // --fail-on-inconclusive), else 0.
+  bool removed_fails() const { return !removed.empty() && !rules.allow_removed; }
+  // Exit status: 1 when something gated regressed, a BASE point is missing from HEAD (unless
+  // allowed), or a gated row was inconclusive under fail_on_inconclusive; else 0. (Nothing
+  // matched at all is bad input, exit 2: compare_results throws.)
   int exit_code() const;
 };
 
+// Throws BadInput when no point matches ("nothing to judge"), or when a rename names a base id
+// that BASE does not have or maps two base ids to one head id.
 Comparison compare_results(const ResultSet& base, const ResultSet& head,
-                           const Thresholds& thresholds);
+                           const Thresholds& thresholds, const GateRules& rules = {});
+
+// Reads a rename map: a JSON object {"old id": "new id", ...}; throws BadInput.
+std::map<std::string, std::string> load_rename_map(const std::string& path);
 
 }  // namespace memtrade

@@ -79,14 +79,18 @@ std::string commit_of(const nlohmann::json& meta) {
 std::string summary_line(const Comparison& c) {
   const std::size_t gated = c.gated_regressions();
   const std::size_t reg = c.count(Verdict::regression);
-  std::string head = gated > 0 ? "FAIL" : (c.exit_code() ? "FAIL (inconclusive)" : "PASS");
+  std::string head = gated > 0 || c.removed_fails()
+                         ? "FAIL"
+                         : (c.exit_code() ? "FAIL (inconclusive)" : "PASS");
   std::string out = fmt::format(
       "{}: {} regression{}{}, {} improvement{}, {} inconclusive, {} unchanged", head, reg,
       reg == 1 ? "" : "s", reg > gated ? fmt::format(" ({} not gated)", reg - gated) : "",
       c.count(Verdict::improvement), c.count(Verdict::improvement) == 1 ? "" : "s",
       c.count(Verdict::inconclusive), c.count(Verdict::unchanged));
   if (c.count(Verdict::changed)) out += fmt::format(", {} changed", c.count(Verdict::changed));
-  out += fmt::format(", {} added, {} removed", c.added.size(), c.removed.size());
+  out += fmt::format(", {} matched, {} added, {} {}", c.matched, c.added.size(), c.removed.size(),
+                     c.removed_fails() ? "MISSING from head" : "removed");
+  if (!c.renamed.empty()) out += fmt::format(", {} renamed", c.renamed.size());
   return out;
 }
 

@@ -49,11 +49,14 @@ std::string report_json(const Comparison& c) {
                 {"inconclusive", c.count(Verdict::inconclusive)},
                 {"unchanged", c.count(Verdict::unchanged)},
                 {"changed", c.count(Verdict::changed)},
+                {"matched", c.matched},
                 {"added", c.added.size()},
-                {"removed", c.removed.size()}}},
+                {"removed", c.removed.size()},
+                {"removed_fails", c.removed_fails()}}},
               {"results", std::move(rows)},
               {"added", c.added},
-              {"removed", c.removed}};
+              {"removed", c.removed},
+              {"renamed", c.renamed}};
   return doc.dump(2) + "\n";
 }
 

@@ -41,12 +41,15 @@ std::string report_junit(const Comparison& c) {
     failures += r.verdict == Verdict::regression && r.gated();
     skipped += r.verdict == Verdict::inconclusive;
   }
+  // A point missing from HEAD is a test case of its own: failed, or skipped when allowed.
+  const std::size_t tests = c.rows.size() + c.removed.size();
+  (c.removed_fails() ? failures : skipped) += c.removed.size();
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   out += fmt::format(
       "<testsuites name=\"memtrade compare\" tests=\"{0}\" failures=\"{1}\" skipped=\"{2}\">\n"
       "  <testsuite name=\"memtrade.compare\" tests=\"{0}\" failures=\"{1}\" errors=\"0\" "
       "skipped=\"{2}\">\n",
-      c.rows.size(), failures, skipped);
+      tests, failures, skipped);
   out += fmt::format(
       "    <properties>\n      <property name=\"base\" value=\"{}\"/>\n"
       "      <property name=\"head\" value=\"{}\"/>\n"
@@ -72,6 +75,13 @@ std::string report_junit(const Comparison& c) {
       out += fmt::format(">\n      <system-out>{}: {}</system-out>\n    </testcase>\n",
                          verdict_name(r.verdict), xml_escape(detail_text));
     }
+  }
+  for (const auto& id : c.removed) {
+    out += fmt::format("    <testcase classname=\"{}\" name=\"present\"", xml_escape(id));
+    out += c.removed_fails()
+               ? ">\n      <failure message=\"missing from head\" type=\"missing\">in base, not "
+                 "in head</failure>\n    </testcase>\n"
+               : ">\n      <skipped message=\"removed (allowed)\"/>\n    </testcase>\n";
   }
   out += "  </testsuite>\n</testsuites>\n";
   return out;

@@ -52,10 +52,19 @@ std::string report_markdown(const Comparison& c) {
   table(out, c, Verdict::improvement, "Improvements");
   table(out, c, Verdict::inconclusive, "Inconclusive");
   table(out, c, Verdict::changed, "Status changes");
-  if (!c.added.empty() || !c.removed.empty()) {
-    out += "\n### Added and removed points\n\n";
-    for (const auto& id : c.added) out += fmt::format("- added: `{}`\n", id);
-    for (const auto& id : c.removed) out += fmt::format("- removed: `{}`\n", id);
+  if (c.removed_fails()) {
+    out += "\n### Missing from head (failure)\n\n";
+    for (const auto& id : c.removed) out += fmt::format("- `{}`\n", cell(id));
+    out += "\nA run that lost points, or a change that renamed them, fails the gate; declare a "
+           "deliberate grid change with `--allow-removed` or `--rename OLD=NEW`.\n";
+  }
+  if (!c.added.empty() || (!c.removed.empty() && !c.removed_fails()) || !c.renamed.empty()) {
+    out += "\n### Added, removed and renamed points\n\n";
+    for (const auto& id : c.added) out += fmt::format("- added (not judged): `{}`\n", cell(id));
+    if (!c.removed_fails())
+      for (const auto& id : c.removed) out += fmt::format("- removed (allowed): `{}`\n", cell(id));
+    for (const auto& [from, to] : c.renamed)
+      out += fmt::format("- renamed: `{}` → `{}`\n", cell(from), cell(to));
   }
   return out;
 }

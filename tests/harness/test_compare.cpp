@@ -145,7 +145,56 @@ TEST_F(CompareFiles, AddedAndRemovedPointsListed) {
   const Comparison c = compare_docs(base_, head);
   EXPECT_EQ(c.added, std::vector<std::string>{"mlp-tiny/b16/fp32"});
   EXPECT_EQ(c.removed, std::vector<std::string>{"mlp-tiny/b8/fp32"});
-  EXPECT_EQ(c.exit_code(), 0);
+  EXPECT_EQ(c.matched, 2u);
+  EXPECT_EQ(c.exit_code(), 1);  // a base point HEAD lost fails the gate
+  GateRules allow;
+  allow.allow_removed = true;
+  EXPECT_EQ(compare_results(results_from_json(base_, "base"), results_from_json(head, "head"),
+                            Thresholds(), allow)
+                .exit_code(),
+            0);
+}
+
+// The gate never passes on what it did not see (issue: it passed on 3 of 27 points and on 0).
+TEST_F(CompareFiles, MissingPointFailsNamingItAndEmptyHeadIsBadInput) {
+  json head = head_;
+  head["points"].erase(1);
+  EXPECT_EQ(cli(head), 1) << last_.out << last_.err;
+  EXPECT_NE(last_.out.find("missing       gpt-tiny/b8/fp16"), std::string::npos) << last_.out;
+  EXPECT_NE(last_.out.find("FAIL"), std::string::npos) << last_.out;
+  EXPECT_EQ(cli(head, "--allow-removed"), 0) << last_.out << last_.err;
+  EXPECT_NE(last_.out.find("removed       gpt-tiny/b8/fp16"), std::string::npos) << last_.out;
+
+  json empty = head_;
+  empty["points"] = json::array();
+  EXPECT_EQ(cli(empty), 2);
+  EXPECT_NE(last_.err.find("nothing to judge"), std::string::npos) << last_.err;
+  EXPECT_EQ(std::count(last_.err.begin(), last_.err.end(), '\n'), 1) << last_.err;
+  EXPECT_EQ(cli(empty, "--allow-removed"), 2);  // allowing removals does not make 0 points pass
+
+  json renamed_all = head_;  // every id changed: nothing matches
+  for (auto& p : renamed_all["points"]) p["id"] = p["id"].get<std::string>() + "/new";
+  EXPECT_EQ(cli(renamed_all), 2) << last_.out;
+  EXPECT_EQ(cli(base_), 0);
+}
+
+TEST_F(CompareFiles, RenamesJudgeTheOldPointAgainstTheNewId) {
+  json head = head_;
+  head["points"][1]["id"] = "gpt-tiny/b8/fp16-o2";
+  EXPECT_EQ(cli(head), 1) << last_.out;  // a rename undeclared: the old id is missing
+  EXPECT_EQ(cli(head, "--rename gpt-tiny/b8/fp16=gpt-tiny/b8/fp16-o2"), 0) << last_.out;
+  EXPECT_NE(last_.out.find("renamed       gpt-tiny/b8/fp16 -> gpt-tiny/b8/fp16-o2"),
+            std::string::npos)
+      << last_.out;
+  // The renamed point is judged: a regression under its new id still fails.
+  head["points"][1]["memory"]["peak_allocated"] = 7'000'000;
+  EXPECT_EQ(cli(head, "--rename gpt-tiny/b8/fp16=gpt-tiny/b8/fp16-o2"), 1) << last_.out;
+  EXPECT_NE(last_.out.find("gpt-tiny/b8/fp16-o2 peak_allocated"), std::string::npos) << last_.out;
+  // The same through a map file; a rename of a point BASE does not have is bad input.
+  write_file(dir_.file("map.json"), R"({"gpt-tiny/b8/fp16": "gpt-tiny/b8/fp16-o2"})");
+  EXPECT_EQ(cli(head, "--rename-map " + dir_.file("map.json")), 1);
+  EXPECT_EQ(cli(head, "--rename no/such/id=x"), 2);
+  EXPECT_EQ(cli(head, "--rename nonsense"), 2);
 }
 
 TEST_F(CompareFiles, FewSamplesInconclusiveAndOptionallyFatal) {
@@ -241,8 +290,9 @@ TEST_F(CompareFiles, MarkdownReporterContract) {
             std::string::npos)
       << md;
   EXPECT_NE(md.find("FAIL: 1 regression"), std::string::npos) << md;
-  EXPECT_NE(md.find("- added: `mlp-tiny/b16/fp32`"), std::string::npos);
-  EXPECT_NE(md.find("- removed: `mlp-tiny/b8/fp32`"), std::string::npos);
+  EXPECT_NE(md.find("- added (not judged): `mlp-tiny/b16/fp32`"), std::string::npos) << md;
+  EXPECT_NE(md.find("### Missing from head (failure)\n\n- `mlp-tiny/b8/fp32`"), std::string::npos)
+      << md;
   const std::string clean = report_markdown(compare_docs(base_, base_));
   EXPECT_NE(clean.find("PASS"), std::string::npos);
   EXPECT_EQ(clean.find("### Regressions"), std::string::npos);
@@ -323,6 +373,32 @@ std::string fake_binary(const TempDir& dir, const std::string& name, const json&
   }
   write_file((d / "ids.txt").string(), ids);
   return (d / "memtrade").string();
+}
+
+// The same gate rules hold for Google Benchmark inputs: a lost benchmark fails, none is bad input.
+TEST(CompareGbench, MissingBenchmarkFailsAndNoneIsBadInput) {
+  json two = gbench(1500, 1e9, 10, 1);
+  json other = gbench(900, 1e9, 10, 4);
+  for (auto& b : other["benchmarks"]) {
+    b["name"] = "BM_Gemm/128";
+    b["run_name"] = "BM_Gemm/128";
+  }
+  for (const auto& b : other["benchmarks"]) two["benchmarks"].push_back(b);
+  json one = gbench(1500, 1e9, 10, 2);
+  json none = one;
+  none["benchmarks"] = json::array();
+  TempDir dir;
+  write_file(dir.file("two.json"), two.dump());
+  write_file(dir.file("one.json"), one.dump());
+  write_file(dir.file("none.json"), none.dump());
+  const CliResult lost = run_cli("compare " + dir.file("two.json") + " " + dir.file("one.json"));
+  EXPECT_EQ(lost.rc, 1) << lost.out;
+  EXPECT_NE(lost.out.find("missing       BM_Gemm/128"), std::string::npos) << lost.out;
+  EXPECT_EQ(
+      run_cli("compare " + dir.file("two.json") + " " + dir.file("one.json") + " --allow-removed")
+          .rc,
+      0);
+  EXPECT_EQ(run_cli("compare " + dir.file("two.json") + " " + dir.file("none.json")).rc, 2);
 }
 
 TEST(CompareAb, InterleavesAlternatesAndMerges) {

@@ -162,7 +162,7 @@ TEST(GateRates, FewSamplesAreInconclusiveNotPass) {
   EXPECT_EQ(c.rows[0].verdict, Verdict::inconclusive);
   EXPECT_EQ(c.exit_code(), 0);
   Comparison strict = c;
-  strict.fail_on_inconclusive = true;
+  strict.rules.fail_on_inconclusive = true;
   EXPECT_EQ(strict.exit_code(), 1);
 }
 
