@@ -1,14 +1,20 @@
 """PyTorch twins of memtrade's models, built from a step dump's meta.json.
 
-Used by the reference tests (tests/python/) and the CPU peer benchmark. The GPT is nanoGPT's
-architecture (pre-LN, causal attention, GELU tanh, tied head, no dropout) with nanoGPT's names,
-so a memtrade dump loads with `load_state_dict` as is.
+Used by the reference tests (tests/python/), the peers (torch_step.py, saved_bytes.py) and the
+CPU peer benchmark. The GPT is nanoGPT's architecture (pre-LN, causal attention, GELU tanh, tied
+head, no dropout) with nanoGPT's names, so a memtrade dump loads with `load_state_dict` as is.
+
+Every twin is cut at memtrade's block boundaries (models/block_model.h): `stem_fn(x)`, the list
+`block_fns()` (memtrade's block i is block_fns()[i]) and `head_fn(x, targets)` (the mean loss);
+`*_fn` because the CNN has layers named `stem` and `head`. `forward` is their composition;
+`plan_forward` is the same composition under memtrade's checkpoint plan.
 """
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 class CausalSelfAttention(nn.Module):
@@ -69,14 +75,19 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied
 
-    def forward(self, idx, targets):
-        B, T = idx.size()
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-        for block in self.transformer.h:
-            x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+    def stem_fn(self, idx):
+        pos = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)
+        return self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+
+    def block_fns(self):
+        return list(self.transformer.h)
+
+    def head_fn(self, x, targets):
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+    def forward(self, idx, targets):
+        return plan_forward(self, [(0, len(self.transformer.h), False)], idx, targets)
 
 
 class MLPNet(nn.Module):
@@ -87,12 +98,18 @@ class MLPNet(nn.Module):
         sizes = [in_features] + list(hidden) + [classes]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
 
+    def stem_fn(self, x):
+        return x  # memtrade copies the input here (block 0 saves it); PyTorch saves it as is
+
+    def block_fns(self):
+        """memtrade's blocks: every hidden Linear with its ReLU; the last Linear is the head."""
+        return [(lambda x, lin=lin: F.relu(lin(x))) for lin in list(self.layers)[:-1]]
+
+    def head_fn(self, x, targets):
+        return F.cross_entropy(self.layers[-1](x), targets.reshape(-1))
+
     def forward(self, x, targets):
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i + 1 < len(self.layers):
-                x = F.relu(x)
-        return F.cross_entropy(x, targets.reshape(-1))
+        return plan_forward(self, [(0, len(self.layers) - 1, False)], x, targets)
 
 
 class ConvBn(nn.Module):
@@ -135,11 +152,50 @@ class CNN(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(ci, classes)
 
-    def forward(self, x, targets):
-        x = F.relu(self.stem(x))
-        for block in self.blocks:
-            x = block(x)
+    def stem_fn(self, x):
+        return F.relu(self.stem(x))  # (B, C0, S, S)
+
+    def block_fns(self):
+        return list(self.blocks)
+
+    def head_fn(self, x, targets):
         return F.cross_entropy(self.head(x.mean(dim=(2, 3))), targets.reshape(-1))
+
+    def forward(self, x, targets):
+        return plan_forward(self, [(0, len(self.blocks), False)], x, targets)
+
+
+def parts(model):
+    """(stem, blocks, head) of a twin: the callables memtrade's block boundaries cut it into."""
+    return model.stem_fn, model.block_fns(), model.head_fn
+
+
+def plan_forward(model, segments, x, targets, on_checkpoint=None):
+    """The twin's forward (the mean loss) with memtrade's checkpoint plan.
+
+    `segments`: [(begin, end, recompute)] covering the blocks in order (memtrade's
+    CheckpointPlan::segments). A recomputed segment runs under torch.utils.checkpoint with
+    use_reentrant=False, which keeps only the segment's input and recomputes the rest in
+    backward. `on_checkpoint(begin, end, x)` is told each recomputed segment's input.
+    """
+    stem, blocks, head = parts(model)
+
+    def run(begin, end):
+        def segment(h):
+            for block in blocks[begin:end]:
+                h = block(h)
+            return h
+        return segment
+
+    h = stem(x)
+    for begin, end, recompute in segments:
+        if recompute:
+            if on_checkpoint is not None:
+                on_checkpoint(begin, end, h)
+            h = torch.utils.checkpoint.checkpoint(run(begin, end), h, use_reentrant=False)
+        else:
+            h = run(begin, end)(h)
+    return head(h, targets)
 
 
 def build(family, hyper):

@@ -210,30 +210,6 @@ def checkpoint_plan(ck, n):
     return [(i, i + 1, (i + 1) * k // n > i * k // n) for i in range(n)]
 
 
-def model_parts(torch, F, model, family):
-    """(pre, blocks, post): the twin's forward cut at memtrade's block boundaries."""
-    if family == "gpt":
-        tr = model.transformer
-
-        def pre(idx):
-            pos = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)
-            return tr.wte(idx) + tr.wpe(pos)  # (B, T, C)
-
-        def post(x, t):
-            logits = model.lm_head(tr.ln_f(x))  # (B, T, V)
-            return F.cross_entropy(logits.view(-1, logits.size(-1)), t.reshape(-1))
-
-        return pre, list(tr.h), post
-    if family == "mlp":
-        layers = list(model.layers)
-        blocks = [(lambda x, lin=lin: F.relu(lin(x))) for lin in layers[:-1]]  # hidden + ReLU
-        return (lambda x: x), blocks, (lambda x, t: F.cross_entropy(layers[-1](x), t.reshape(-1)))
-    if family == "cnn":
-        return ((lambda x: F.relu(model.stem(x))), list(model.blocks),
-                (lambda x, t: F.cross_entropy(model.head(x.mean(dim=(2, 3))), t.reshape(-1))))
-    raise BadInput(f"no PyTorch twin for model family {family!r}")
-
-
 def init_like_memtrade(torch, model, family, hyper):
     """GPT: nanoGPT's init (N(0, 0.02), residual projections 0.02/sqrt(2L), zero biases), as
     memtrade's models/gpt.cpp. MLP/CNN keep PyTorch's defaults, which memtrade mirrors."""
@@ -291,8 +267,6 @@ def run_point(spec):
     import contextlib
 
     import torch
-    import torch.nn.functional as F
-    from torch.utils.checkpoint import checkpoint
 
     sys.path.insert(0, str(HERE))
     import torch_models
@@ -322,23 +296,12 @@ def run_point(spec):
     init_like_memtrade(torch, model, family, hyper)
     model = model.to(device=dev, dtype=param_dtype)  # the tied head stays tied
     model.train(train)
-    pre, blocks, post = model_parts(torch, F, model, family)
-    plan = checkpoint_plan(str(cfg.get("checkpoint", "0")), len(blocks)) if train else \
-        [(0, len(blocks), False)]
-
-    def segment(b, e):
-        def run(x):
-            for blk in blocks[b:e]:
-                x = blk(x)
-            return x
-        return run
+    n_blocks = len(torch_models.parts(model)[1])
+    plan = checkpoint_plan(str(cfg.get("checkpoint", "0")), n_blocks) if train else \
+        [(0, n_blocks, False)]
 
     def forward(x, t):
-        h = pre(x)
-        for b, e, recompute in plan:
-            h = checkpoint(segment(b, e), h, use_reentrant=False) if recompute else \
-                segment(b, e)(h)
-        return post(h, t)
+        return torch_models.plan_forward(model, plan, x, t)
 
     # Data: seeded random micro-batches on the host (fresh ones every step, as memtrade's data
     # stream: a model that saw the same batch twice would drift from memtrade's loss), copied to

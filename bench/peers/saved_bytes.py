@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""What PyTorch keeps for backward vs memtrade's activations, at the end of forward.
+
+    saved_bytes.py --dump DIR [--trace FILE]           (repeatable; paired in order)
+    saved_bytes.py --trace FILE                        (config and hyper from the trace)
+    saved_bytes.py --memtrade BIN --points gpt-mini:8:1,cnn-small:32:sqrt:bf16,...
+    common: [--autocast auto|none|cpu-bf16] [--profiler] [--no-mallinfo] [--breakdown]
+            [--json OUT] [--threads N] [--keep DIR]
+
+A point is a memtrade step dump (`memtrade step ... --dump DIR`: meta.json gives the model,
+hyper-parameters, batch and checkpoint plan; inputs.npy the batch) and/or a trace of the same
+point (`memtrade run ... --trace FILE`); --points MODEL:BATCH:CHECKPOINT[:PRECISION] makes both
+with BIN (CPU, SGD, one traced step). PyTorch's twin (torch_models) runs the point's batch
+(the last micro-batch) with memtrade's checkpoint plan (non-reentrant torch checkpoint on
+exactly memtrade's recomputed segments) and torch_saved measures what it keeps:
+
+  torch (a)   saved-tensor hooks, unique storages, parameters/buffers excluded, plus the inputs
+              of checkpointed segments (which the checkpoint keeps without a pack hook)
+  hook-only   (a) without those checkpoint inputs (what a hook-only count reports)
+  (b) malloc  glibc mallinfo2 delta over the forward, on (a)'s footing (+ saved batch - loss -
+              weight casts); also counts graph nodes, malloc overhead, checkpoint RNG states
+  (c) prof    torch.profiler c10 allocator net bytes over the forward, same footing (--profiler)
+  w-casts     autocast's cached parameter casts saved for backward (excluded from the above)
+  memtrade    `activations` bytes live in the trace at the last forward->backward phase change
+              (memtrade_side.activations_at_end_of_forward), as the tensors requested them
+              (PyTorch's storages are exact sizes too); "rounded": as the allocator rounds them
+  gap         memtrade - torch (a)
+
+--autocast auto: none for fp32/tf32 points, cpu-bf16 for bf16 points. --breakdown prints every
+saved storage of method (a) (kind, bytes, dtype, shape, layer, producing op).
+Exit: 0 ok, 2 bad input.
+"""
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import memtrade_side  # noqa: E402
+import torch  # noqa: E402
+import torch_models  # noqa: E402
+import torch_saved  # noqa: E402
+from memtrade_side import BadInput  # noqa: E402
+
+AUTOCAST_MODES = ("auto",) + torch_saved.AUTOCAST
+
+
+@dataclasses.dataclass
+class Point:
+    config: dict      # memtrade's config (model, batch_size, accumulation, checkpoint, ...)
+    hyper: dict
+    meta: dict = None  # the dump's meta.json (its checkpoint_plan), None without a dump
+    dump: pathlib.Path = None
+    trace: dict = None
+
+    @property
+    def label(self):
+        c = self.config
+        return f"{c['model']}/b{c['batch_size']}/ck{c['checkpoint']}/{c['precision']}"
+
+    def plan(self, n_blocks):
+        """({"selective", "segments"}, "meta.json" or "fallback")."""
+        return memtrade_side.checkpoint_plan(self.meta or self.config, n_blocks)
+
+
+KEYS = ("model", "batch_size", "accumulation", "checkpoint", "precision")
+
+
+def same(a, b):
+    """Config values equal as memtrade means them (meta.json writes a checkpoint density as a
+    number, a trace as a string)."""
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
+
+
+def make_point(dump=None, trace_path=None):
+    meta = memtrade_side.load_meta(dump) if dump is not None else None
+    trace = memtrade_side.read_trace(trace_path) if trace_path is not None else None
+    config = dict(meta["config"] if meta is not None else trace["config"])
+    hyper = meta["hyper"] if meta is not None else trace["config"]["hyper"]
+    if meta is not None and trace is not None:
+        tc = trace["config"]
+        diff = [k for k in KEYS if not same(tc.get(k), config.get(k))]
+        if diff:
+            raise BadInput(f"{trace_path} is not a trace of {dump}: "
+                           + ", ".join(f"{k} {tc.get(k)!r} vs {config.get(k)!r}" for k in diff))
+    if config.get("mode", "train") != "train":
+        raise BadInput(f"{dump or trace_path}: mode {config.get('mode')!r}: nothing is saved "
+                       f"for backward outside training")
+    if config.get("offload", "none") != "none":
+        raise BadInput(f"{dump or trace_path}: offload {config.get('offload')!r} moves what is "
+                       f"kept off the device; the twin has no offload (use --offload none)")
+    return Point(config, hyper, meta, pathlib.Path(dump) if dump else None, trace)
+
+
+def points_from_spec(binary, spec, keep_dir):
+    out = []
+    for item in spec.split(","):
+        f = item.split(":")
+        if len(f) not in (3, 4):
+            raise BadInput(f"--points {item!r}: expected MODEL:BATCH:CHECKPOINT[:PRECISION]")
+        model, batch, ck = f[:3]
+        precision = f[3] if len(f) == 4 else "fp32"
+        d = keep_dir / item.replace(":", "_").replace("/", "_")
+        d.mkdir(parents=True, exist_ok=True)
+        flags = memtrade_side.knob_flags(model, batch, ck, precision)
+        dump = memtrade_side.make_dump(binary, d / "dump", flags)
+        trace = memtrade_side.make_trace(binary, d, flags)
+        out.append(make_point(dump, trace))
+    return out
+
+
+def autocast_for(point, mode):
+    if mode != "auto":
+        return mode
+    precision = point.config["precision"]
+    if precision in ("fp32", "tf32"):
+        return "none"
+    if precision == "bf16":
+        return "cpu-bf16"
+    raise BadInput(f"{point.label}: no autocast twin for precision {precision!r} on the CPU "
+                   f"(pass --autocast none or cpu-bf16)")
+
+
+def measure_point(point, autocast, mallinfo=True, profiler=False):
+    """One table row (a dict) and the per-storage breakdown of method (a)."""
+    c = point.config
+    family = torch_saved.family_of(c["model"])
+    if family not in ("gpt", "mlp", "cnn"):
+        raise BadInput(f"{point.label}: no PyTorch twin for model family {family!r}")
+    model = torch_saved.build_twin(c["model"], point.hyper)
+    plan, plan_source = point.plan(len(torch_models.parts(model)[1]))
+    if plan["selective"]:
+        raise BadInput(f"{point.label}: selective checkpointing has no PyTorch eager twin")
+    x, t = torch_saved.make_batch(family, point.hyper, int(c["batch_size"]), point.dump)
+    kept, rec = torch_saved.measure(model, plan["segments"], x, t, autocast,
+                                    mallinfo=mallinfo, profiler=profiler)
+    row = {"point": point.label, "autocast": autocast, "plan_source": plan_source,
+           "segments": plan["segments"], "torch_a": kept.hooks,
+           "torch_hook_only": kept.hooks_only, "checkpoint_inputs": kept.checkpoint_inputs,
+           "saved_batch": kept.inputs, "weight_casts": kept.weight_casts,
+           "checkpoints": kept.checkpoints,
+           "rng_states": kept.checkpoints * torch_saved.checkpoint_rng_state_bytes(),
+           "mallinfo_raw": kept.mallinfo, "mallinfo": kept.comparable(kept.mallinfo),
+           "profiler_raw": kept.profiler, "profiler": kept.comparable(kept.profiler),
+           "memtrade": None, "memtrade_rounded": None, "gap": None, "gap_rel": None}
+    if point.trace is not None:
+        m = memtrade_side.activations_at_end_of_forward(point.trace)
+        if m["requested"] is None:
+            raise BadInput(f"{point.label}: the trace starts with activations live: no "
+                           f"requested-bytes count")
+        row["memtrade"], row["memtrade_rounded"] = m["requested"], m["bytes"]
+        row["gap"] = m["requested"] - kept.hooks
+        row["gap_rel"] = row["gap"] / kept.hooks if kept.hooks else None
+    breakdown = [dataclasses.asdict(s) for s in rec.saved.values()]
+    return row, breakdown
+
+
+def fmt(v):
+    return "-" if v is None else f"{v:,}"
+
+
+def print_table(rows, out=sys.stdout):
+    cols = [("point", 26), ("autocast", 8), ("torch (a)", 13), ("hook-only", 13),
+            ("ck inputs", 11), ("(b) malloc", 13), ("(c) prof", 13), ("w-casts", 11),
+            ("memtrade", 13), ("rounded", 13), ("gap", 11), ("gap %", 7)]
+    print(" ".join(f"{n:>{w}}" if i > 1 else f"{n:<{w}}" for i, (n, w) in enumerate(cols)),
+          file=out)
+    for r in rows:
+        gap_pct = "-" if r["gap_rel"] is None else f"{100 * r['gap_rel']:+.2f}"
+        vals = [r["point"], r["autocast"], fmt(r["torch_a"]), fmt(r["torch_hook_only"]),
+                fmt(r["checkpoint_inputs"]), fmt(r["mallinfo"]), fmt(r["profiler"]),
+                fmt(r["weight_casts"]), fmt(r["memtrade"]), fmt(r["memtrade_rounded"]),
+                fmt(r["gap"]), gap_pct]
+        print(" ".join(f"{v:>{w}}" if i > 1 else f"{v:<{w}}"
+                       for i, (v, (_, w)) in enumerate(zip(vals, cols))), file=out)
+    fallback = {r["point"] for r in rows if r["plan_source"] == "fallback"}
+    if fallback:
+        print(f"{len(fallback)} of {len({r['point'] for r in rows})} points: checkpoint plan "
+              f"from memtrade_side.fallback_checkpoint_plan (no checkpoint_plan in meta.json)",
+              file=out)
+
+
+def print_breakdown(label, autocast, breakdown, out=sys.stdout):
+    print(f"\n{label} autocast={autocast}: storages kept for backward", file=out)
+    for s in breakdown:
+        src = f" <- {s['source']}" if s["source"] else ""
+        print(f"  {s['kind']:<16} {s['nbytes']:>12,} {s['dtype']:<9} {str(s['shape']):<20} "
+              f"{s['layer']:<34} {s['producer']}{src}", file=out)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dump", action="append", default=[], help="memtrade step dump directory")
+    ap.add_argument("--trace", action="append", default=[], help="memtrade trace (one point)")
+    ap.add_argument("--memtrade", help="memtrade binary, to make dumps and traces (--points)")
+    ap.add_argument("--points", help="MODEL:BATCH:CHECKPOINT[:PRECISION],... (needs --memtrade)")
+    ap.add_argument("--keep", help="directory for the dumps and traces --points makes")
+    ap.add_argument("--autocast", default="auto",
+                    help="auto, none, cpu-bf16, or a comma list (one row per mode)")
+    ap.add_argument("--profiler", action="store_true", help="also method (c)")
+    ap.add_argument("--no-mallinfo", action="store_true", help="skip method (b)")
+    ap.add_argument("--breakdown", action="store_true", help="print every saved storage")
+    ap.add_argument("--json", help="write the rows (and breakdowns) here")
+    ap.add_argument("--threads", type=int, default=1)
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        modes = args.autocast.split(",")
+        for m in modes:
+            if m not in AUTOCAST_MODES:
+                raise BadInput(f"--autocast {m!r}: expected one of {', '.join(AUTOCAST_MODES)}")
+        if args.points and not args.memtrade:
+            raise BadInput("--points needs --memtrade BIN")
+        if args.dump and args.trace and len(args.dump) != len(args.trace):
+            raise BadInput(f"{len(args.dump)} --dump but {len(args.trace)} --trace: they pair "
+                           f"in order")
+        if not (args.dump or args.trace or args.points):
+            raise BadInput("nothing to compare: give --dump/--trace or --memtrade with --points")
+        with tempfile.TemporaryDirectory() as tmp:
+            points = [make_point(d, tr) for d, tr in
+                      zip(args.dump or [None] * len(args.trace),
+                          args.trace or [None] * len(args.dump))]
+            if args.points:
+                keep = pathlib.Path(args.keep) if args.keep else pathlib.Path(tmp)
+                points += points_from_spec(args.memtrade, args.points, keep)
+            torch.set_num_threads(args.threads)
+            rows, details = [], []
+            for p in points:
+                for mode in modes:
+                    ac = autocast_for(p, mode)
+                    row, breakdown = measure_point(p, ac, not args.no_mallinfo, args.profiler)
+                    rows.append(row)
+                    details.append({**row, "breakdown": breakdown})
+    except BadInput as e:
+        print(f"saved_bytes: {e}", file=sys.stderr)
+        return 2
+    print_table(rows)
+    if args.breakdown:
+        for d in details:
+            print_breakdown(d["point"], d["autocast"], d["breakdown"])
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(details, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

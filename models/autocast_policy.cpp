@@ -1,0 +1,206 @@
+#include "models/autocast_policy.h"
+
+#include <stdexcept>
+
+namespace memtrade::autocast {
+namespace {
+
+using enum Op;
+using C = Compute;
+using D = Dtype;
+using K = Kept;
+
+// Rows whose dtypes and saved tensors are the same under both policies (only the source
+// differs): the lower-precision ops, the loss, and the ops neither device lists.
+constexpr Rule matmul_rule(std::string_view source) {
+  return {matmul,
+          C::lower,
+          D::lower,
+          {{K::input_cast, D::lower, "a (a contiguous copy when matmul reshapes a strided view)"},
+           {K::input_cast, D::lower, "b"}},
+          source};
+}
+constexpr Rule linear_rule(std::string_view source) {
+  return {linear,
+          C::lower,
+          D::lower,
+          {{K::input_cast, D::lower, "input (for the weight gradient)"},
+           {K::weight_cast, D::lower, "weight (for the input gradient)"}},
+          source};
+}
+constexpr Rule conv2d_rule(std::string_view source) {
+  return {conv2d,
+          C::lower,
+          D::lower,
+          {{K::input_cast, D::lower, "input"}, {K::weight_cast, D::lower, "weight"}},
+          source};
+}
+constexpr Rule crossentropy_rule(std::string_view source) {
+  return {crossentropy,
+          C::fp32,
+          D::fp32,
+          {{K::intermediate, D::fp32, "log-probabilities (N, V): log_softmax output"},
+           {K::indices, D::i64, "targets"}},
+          source};
+}
+constexpr Rule batchnorm_rule(std::string_view source) {
+  return {batchnorm,
+          C::input,
+          D::input,
+          {{K::input, D::input, "input"},
+           {K::stats, D::fp32, "save_mean (C)"},
+           {K::stats, D::fp32, "save_invstd (C)"}},
+          source};
+}
+constexpr Rule maxpool_rule(std::string_view source) {
+  return {maxpool,
+          C::input,
+          D::input,
+          {{K::input, D::input, "input"}, {K::indices, D::i64, "argmax"}},
+          source};
+}
+constexpr Rule optimizer_rule() {
+  return {optimizer, C::outside, D::none, {}, "after backward, outside the autocast region"};
+}
+
+// Citations. CUDA: the macro lists of autocast_mode.h @d70fe7f, registered for AutocastCUDA in
+// autocast_mode.cpp @008ec6b (see the header). CPU: torch 1.13.1's AutocastCPU registrations,
+// and bench/peers/autocast_probe.py's run of each op (the "probe" below).
+constexpr std::array<Rule, kNumOps> kCuda = {{
+    matmul_rule("AT_FORALL_LOWER_PRECISION_FP: matmul, mm, bmm"),
+    linear_rule("AT_FORALL_LOWER_PRECISION_FP: linear, addmm; cached_cast caches the weight cast"),
+    conv2d_rule("AT_FORALL_LOWER_PRECISION_FP: conv2d, convolution, _convolution; "
+                "cudnn_convolution"),
+    {layernorm,
+     C::fp32,
+     D::fp32,
+     {{K::input_cast, D::fp32, "input (a new fp32 copy when it arrives in lower)"},
+      {K::stats, D::fp32, "mean (rows)"},
+      {K::stats, D::fp32, "rstd (rows)"}},
+     "AT_FORALL_FP32: layer_norm, native_layer_norm"},
+    {softmax,
+     C::fp32,
+     D::fp32,
+     {{K::output, D::fp32, "probabilities"}},
+     "AT_FORALL_FP32_SET_OPT_DTYPE: softmax.int (dtype=fp32: the output is fp32)"},
+    {attention,
+     C::lower,
+     D::lower,
+     {{K::input_cast, D::lower, "q (B·NH, T, hd), contiguous copy of the head view"},
+      {K::input_cast, D::lower, "k (B·NH, T, hd), contiguous copy"},
+      {K::mask, D::boolean, "causal mask (T, T) of masked_fill"},
+      {K::intermediate, D::fp32, "probabilities (B, NH, T, T): softmax output, fp32"},
+      {K::intermediate, D::lower, "probabilities cast to lower for ·V: a second copy"},
+      {K::input_cast, D::lower, "v (B·NH, T, hd), contiguous copy"}},
+     "QKᵀ and ·V: AT_FORALL_LOWER_PRECISION_FP matmul; softmax: AT_FORALL_FP32_SET_OPT_DTYPE. "
+     "(F.scaled_dot_product_attention, also in AT_FORALL_LOWER_PRECISION_FP, is another path)"},
+    crossentropy_rule("log_softmax.int: AT_FORALL_FP32_SET_OPT_DTYPE; nll_loss: AT_FORALL_FP32 "
+                      "(cross_entropy decomposes into the two)"),
+    {gelu, C::input, D::input, {{K::input, D::input, "input"}}, "not listed"},
+    {relu, C::input, D::input, {{K::output, D::input, "output"}}, "not listed"},
+    {add, C::promote, D::widest, {}, "not listed: add's own type promotion (fp32 + lower = fp32)"},
+    {embedding,
+     C::input,
+     D::fp32,
+     {{K::indices, D::i64, "token ids"}},
+     "not listed: runs in the weight's dtype, fp32"},
+    batchnorm_rule("not listed (batch_norm takes lower input with fp32 weight and statistics)"),
+    {avgpool,
+     C::input,
+     D::input,
+     {},
+     "not listed; mean.dim saves only sizes (derivatives.yaml: mean_backward(grad, "
+     "self.sym_sizes(), dim, self.sym_numel(), keepdim))"},
+    maxpool_rule("not listed"),
+    {sum, C::fp32, D::fp32, {}, "AT_FORALL_FP32_SET_OPT_DTYPE: sum"},
+    optimizer_rule(),
+}};
+
+constexpr std::array<Rule, kNumOps> kCpu = {{
+    matmul_rule("AutocastCPU: matmul, mm, bmm (lower_precision_fp); probe"),
+    linear_rule("AutocastCPU: linear, addmm (lower_precision_fp); probe: the weight cast is "
+                "cached"),
+    conv2d_rule("AutocastCPU: conv2d (lower_precision_fp); probe"),
+    {layernorm,
+     C::input,
+     D::input,
+     {{K::input, D::input, "input"},
+      {K::stats, D::input, "mean (rows)"},
+      {K::stats, D::input, "rstd (rows)"}},
+     "not registered for AutocastCPU in 1.13; probe: fp32 input -> fp32, lower input with "
+     "fp32 weight is an error ('expected scalar type BFloat16 but found Float')"},
+    {softmax,
+     C::input,
+     D::input,
+     {{K::output, D::input, "probabilities"}},
+     "not registered for AutocastCPU in 1.13; probe"},
+    {attention,
+     C::lower,
+     D::lower,
+     {{K::input_cast, D::lower, "q (B·NH, T, hd), contiguous copy of the head view"},
+      {K::input_cast, D::lower, "k (B·NH, T, hd), contiguous copy"},
+      {K::mask, D::boolean, "causal mask (T, T) of masked_fill"},
+      {K::intermediate, D::lower, "probabilities (B, NH, T, T): softmax in lower"},
+      {K::input_cast, D::lower, "v (B·NH, T, hd), contiguous copy"}},
+     "QKᵀ and ·V: AutocastCPU matmul (lower_precision_fp); softmax not registered: it runs "
+     "in lower; probe"},
+    crossentropy_rule("AutocastCPU: cross_entropy_loss, nll_loss (fp32); probe"),
+    {gelu,
+     C::input,
+     D::input,
+     {{K::input, D::input, "input"}},
+     "not registered for AutocastCPU in 1.13; probe"},
+    {relu, C::input, D::input, {{K::output, D::input, "output"}}, "not registered; probe"},
+    {add,
+     C::promote,
+     D::widest,
+     {},
+     "not registered: add's own type promotion; torch_expect_builtin_promote in 1.13's "
+     "autocast_test_lists.py; probe"},
+    {embedding,
+     C::input,
+     D::fp32,
+     {{K::indices, D::i64, "token ids"}},
+     "not registered: runs in the weight's dtype, fp32; probe"},
+    batchnorm_rule("not registered for AutocastCPU in 1.13; probe: lower input -> lower "
+                   "output, fp32 stats"),
+    {avgpool,
+     C::input,
+     D::input,
+     {{K::input, D::input, "input (1.13's mean.dim saves self)"}},
+     "not registered; probe"},
+    maxpool_rule("not registered; probe"),
+    {sum, C::input, D::input, {}, "not registered for AutocastCPU in 1.13; probe"},
+    optimizer_rule(),
+}};
+
+constexpr std::array<std::string_view, kNumOps> kOpNames = {
+    "matmul",       "linear",  "conv2d", "layernorm", "softmax",   "attention",
+    "crossentropy", "gelu",    "relu",   "add",       "embedding", "batchnorm",
+    "avgpool",      "maxpool", "sum",    "optimizer"};
+
+}  // namespace
+
+std::span<const Rule> rules(Policy policy) {
+  switch (policy) {
+    case Policy::torch_cuda:
+      return kCuda;
+    case Policy::torch_cpu:
+      return kCpu;
+  }
+  throw std::invalid_argument("unknown autocast policy");
+}
+
+const Rule& rule(Policy policy, Op op) {
+  return rules(policy)[static_cast<std::size_t>(op)];
+}
+
+std::string_view op_name(Op op) {
+  return kOpNames[static_cast<std::size_t>(op)];
+}
+
+std::string_view policy_name(Policy policy) {
+  return policy == Policy::torch_cuda ? "torch-cuda" : "torch-cpu";
+}
+
+}  // namespace memtrade::autocast

@@ -1,0 +1,68 @@
+"""memtrade keeps for backward what PyTorch keeps, for every checkpoint plan.
+
+Each point: `memtrade step --dump` (config, hyper-parameters, batch, checkpoint plan) and
+`memtrade run --trace` (memtrade's `activations` bytes live when the step's last forward ends);
+PyTorch's twin runs the same batch under the same plan (non-reentrant torch checkpoint on
+memtrade's recomputed segments), and bench/peers/torch_saved counts what it keeps (method (a):
+saved-tensor hooks plus checkpoint inputs). See bench/peers/saved_bytes.py.
+"""
+import pathlib
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "peers"))
+import memtrade_side  # noqa: E402
+import saved_bytes  # noqa: E402
+import torch_saved  # noqa: E402
+
+BATCH = 4
+TOLERANCE = 0.01  # memtrade's activations within 1% of PyTorch's kept bytes
+
+
+def point(memtrade_bin, tmp_path, model, checkpoint):
+    flags = memtrade_side.knob_flags(model, BATCH, checkpoint, "fp32")
+    dump = memtrade_side.make_dump(memtrade_bin, tmp_path / "dump", flags)
+    trace = memtrade_side.make_trace(memtrade_bin, tmp_path, flags)
+    return saved_bytes.make_point(dump, trace)
+
+
+@pytest.mark.parametrize("checkpoint", ["0", "1", "0.5", "sqrt"])
+@pytest.mark.parametrize("model", ["gpt-tiny", "mlp-tiny", "cnn-tiny"])
+def test_memtrade_keeps_what_pytorch_keeps(memtrade_bin, tmp_path, model, checkpoint):
+    torch.set_num_threads(1)
+    p = point(memtrade_bin, tmp_path, model, checkpoint)
+    row, _ = saved_bytes.measure_point(p, "none", mallinfo=False)
+    assert abs(row["gap"]) <= TOLERANCE * row["torch_a"], (
+        f"{p.label}: memtrade keeps {row['memtrade']:,} B of activations at the end of forward, "
+        f"PyTorch {row['torch_a']:,} B (hooks {row['torch_hook_only']:,} + checkpoint inputs "
+        f"{row['checkpoint_inputs']:,}); gap {100 * row['gap_rel']:+.2f}%")
+
+
+def test_hook_count_plus_checkpoint_inputs_is_what_the_allocator_holds(memtrade_bin, tmp_path):
+    """Method (a) against an independent count: the c10 allocator's net bytes over the forward
+    (profiler) equal (a) plus one RNG state per checkpoint, to the byte. A hook-only count falls
+    short by exactly the checkpoint inputs."""
+    torch.set_num_threads(1)
+    p = point(memtrade_bin, tmp_path, "gpt-tiny", "sqrt")
+    model = torch_saved.build_twin("gpt-tiny", p.hyper)
+    plan, _ = p.plan(p.hyper["n_layer"])
+    x, t = torch_saved.make_batch("gpt", p.hyper, BATCH, p.dump)
+    kept, _ = torch_saved.measure(model, plan["segments"], x, t, mallinfo=False, profiler=True)
+    assert kept.checkpoints == 1 and kept.checkpoint_inputs > 0
+    assert kept.comparable(kept.profiler) == kept.hooks + torch_saved.checkpoint_rng_state_bytes()
+    assert kept.hooks - kept.hooks_only == kept.checkpoint_inputs
+
+
+def test_plan_comes_from_meta_json_when_it_has_one():
+    """meta.json's checkpoint_plan wins over the fallback; a plan that does not cover the blocks
+    in order is bad input."""
+    plan = {"selective": False, "segments": [[0, 2, True], [2, 3, False]]}
+    assert memtrade_side.checkpoint_plan({"config": {"checkpoint": "0"}, "checkpoint_plan": plan},
+                                         3) == (plan, "meta.json")
+    assert memtrade_side.checkpoint_plan({"config": {"checkpoint": "sqrt"}}, 3) == (
+        {"selective": False, "segments": [[0, 2, True], [2, 3, True]]}, "fallback")
+    bad = {"selective": False, "segments": [[0, 1, True], [2, 3, False]]}
+    with pytest.raises(memtrade_side.BadInput):
+        memtrade_side.checkpoint_plan({"checkpoint_plan": bad}, 3)
