@@ -181,7 +181,8 @@ std::string point_id(const TrainConfig& c) {
   std::string id;
   for (const Knob& k : knobs()) {
     const std::string v = k.get(c);
-    if (k.id_rule == IdRule::non_default && (!k.applies(c) || v == k.default_text())) continue;
+    if (k.id_rule != IdRule::always && !k.applies(c)) continue;
+    if (k.id_rule == IdRule::non_default && v == k.default_text()) continue;
     if (!id.empty()) id += '/';
     id += k.id_prefix + v;
   }
@@ -232,6 +233,7 @@ TrainConfig config_from_json(const nlohmann::json& j) {
 nlohmann::json knobs_json() {
   nlohmann::json out = nlohmann::json::array();
   static constexpr const char* kTypes[] = {"integer", "text", "density"};
+  static constexpr const char* kIdRules[] = {"always", "non_default", "when_applies"};
   for (const Knob& k : knobs()) {
     const auto choices = k.choices();
     const std::string def = k.default_text();
@@ -239,7 +241,7 @@ nlohmann::json knobs_json() {
         {"name", k.name},
         {"flag", k.flag},
         {"id_prefix", k.id_prefix},
-        {"id_rule", k.id_rule == IdRule::always ? "always" : "non_default"},
+        {"id_rule", kIdRules[static_cast<int>(k.id_rule)]},
         {"type", kTypes[static_cast<int>(k.type)]},
         {"default",
          k.type == KnobType::integer ? nlohmann::json(std::stoll(def)) : nlohmann::json(def)},

@@ -40,9 +40,11 @@ enum class KnobType : std::uint8_t {
 
 // Where an axis appears in point ids.
 enum class IdRule : std::uint8_t {
-  always,       // every id has it (the first release's axes: their ids must not change)
-  non_default,  // only where it applies and differs from its default, so that adding an axis
-                // leaves every existing id (and baseline, and history) as it was
+  always,        // every id has it (the first release's axes: their ids must not change)
+  non_default,   // only where it applies and differs from its default, so that adding an axis
+                 // leaves every existing id (and baseline, and history) as it was
+  when_applies,  // wherever it applies, default or not (an axis that qualifies another one:
+                 // the autocast policy of an autocast precision)
 };
 
 struct Knob {
