@@ -3,7 +3,7 @@
 // Model code calls only these, so it never knows which device it runs on. Conventions:
 //   - tensors are contiguous, row-major; shapes are in the comment of each op;
 //   - float tensors may be F32, F16 or BF16 independently of each other (runtime dispatch);
-//     arithmetic is fp32, results are rounded to the output's dtype;
+//     arithmetic is fp32, results are rounded to the output's dtype (rounding rules below);
 //   - "out"/"dinp" arguments are overwritten; parameter-gradient arguments (dweight, dbias, ...)
 //     are overwritten when `accumulate` is false and added to when it is true, which is how
 //     gradient accumulation and zero_grad(set_to_none) vs zero_grad() differ (PyTorch assigns
@@ -12,6 +12,34 @@
 //   - an op that needs scratch memory allocates it from the allocator of its output tensor with
 //     category `temporaries` (library scratch such as im2col or cuDNN workspace: `workspace`)
 //     and frees it before returning, so both backends make the same allocation sequence.
+//
+// Rounding rules. Arithmetic is fp32; an op rounds its outputs once, to nearest even, to their
+// dtype, and nothing in between unless its comment below says so. The CPU backend is the
+// reference; another backend matches it
+//   - bit for bit where a memory knob depends on it. offload=optimizer and offload=params update
+//     on the host with the CPU ops (optimizer_update, cast, fill) while the plain run updates on
+//     the device, and a knob must not change results (tests/gpu/test_cuda_knob_equivalence.cpp).
+//     So optimizer_update(_many) is one element arithmetic for both backends
+//     (kernels/optimizer_math.h): one IEEE rounding per operation, never fused into an FMA (nvcc
+//     fuses a·b + c by default; GCC does with -march=native), nothing approximate or flushed
+//     to zero; tests/kernels/test_optimizer_rounding.cpp holds the CPU to it and scans the CUDA
+//     kernels' PTX. cast and fill are bit for bit too (round-to-nearest-even conversions; NaN
+//     payloads may differ), and so are unscale_and_check, add, add_inplace, scale, relu_* and
+//     embedding_forward: one operation per element;
+//   - within a tolerance everywhere else (tests/gpu/test_cuda_ops_*.cpp states each op's): GEMMs
+//     and convolutions sum in their library's order; reductions (norm statistics, softmax and
+//     cross-entropy sums, bias and batch-norm parameter gradients) sum in another order, in fp32
+//     on CUDA, where the CPU sums norm statistics, softmax and cross-entropy in double; expf,
+//     logf and tanhf differ by a few ulps between CUDA and glibc; and nvcc contracts the
+//     multiply-adds of those kernels into FMA.
+// Intermediate roundings, at the same places on both backends: attention with 16-bit qkv
+// (below). Different places, forced by CUDA's libraries: a GEMM runs in one dtype, the output's
+// unless both operands share a 16-bit dtype and the output is F32, so operands of another dtype
+// than a 16-bit output are rounded to it first (cuBLASLt takes A and B alike; the CPU multiplies in
+// fp32); conv2d_forward computes in inp's dtype (cuDNN takes x, w and y alike), so a 16-bit inp's
+// result is rounded to it even for an F32 out, and before the bias is added, as PyTorch's cuDNN
+// path does (the CPU adds the bias first). linear_forward's bias is in before the output's one
+// rounding on both backends.
 #pragma once
 
 #include <cstdint>
@@ -99,10 +127,11 @@ class Ops {
 
   // ---- attention -----------------------------------------------------------------------------
   // Causal self-attention on packed qkv (B, T, 3C) with C = n_head · head_dim, scale 1/√head_dim.
-  // The one exception to rounding results only: with 16-bit qkv the scaled scores, the
-  // probabilities, dP and dS are rounded to qkv's dtype between the GEMMs, as GEMMs in that dtype
-  // write them. out (B, T, C); att (B, NH, T, T) receives the softmax probabilities (saved for
-  // backward).
+  // With 16-bit qkv the GEMMs run in qkv's dtype, and the rounding follows them: the scaled
+  // scores, the probabilities, dP and dS are rounded to qkv's dtype between the GEMMs; att and
+  // dout of another dtype are read rounded to it; out and dqkv of another dtype are computed in
+  // it and then converted (two roundings for the other 16-bit dtype). out (B, T, C); att
+  // (B, NH, T, T) receives the softmax probabilities (saved for backward).
   virtual void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) = 0;
   // Only the probabilities, for recompute in backward (selective checkpointing).
   virtual void attention_probs(Tensor& att, const Tensor& qkv, int n_head) = 0;

@@ -73,11 +73,12 @@ class DryRunOps final : public Ops {
     lt_workspace(alloc);
     Tensor dp(alloc, {n_head, t, t}, qkv.dtype(), Category::temporaries);
     const Category ws = Category::workspace;
-    auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, t, hd}, ws);
-    auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {t, t}, ws);
-    auto dout_buf = scratch_if(dout.dtype() != DType::F32, alloc, {t, hd}, ws);
+    const bool lowp = qkv.dtype() != DType::F32;
+    auto qkv_buf = scratch_if(lowp, alloc, {3, t, hd}, ws);
+    auto att_buf = scratch_if(att.dtype() != DType::F32 || lowp, alloc, {t, t}, ws);
+    auto dout_buf = scratch_if(dout.dtype() != DType::F32 || lowp, alloc, {t, hd}, ws);
     auto dqkv_buf = scratch_if(dqkv.dtype() != DType::F32, alloc, {3, t, hd}, ws);
-    auto ds_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {t, t}, ws);
+    auto ds_buf = scratch_if(lowp, alloc, {t, t}, ws);
   }
 
   void embedding_forward(Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}

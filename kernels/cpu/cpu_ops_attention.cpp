@@ -14,8 +14,9 @@
 // The scratch contract shared with the CUDA backend (kernels/cuda/cuda_ops_attention.cpp):
 // forward and probs allocate no temporaries; backward allocates dP (NH, T, T) in qkv's dtype
 // (Category::temporaries) once and reuses it for every sequence. The scaled scores, the
-// probabilities, dP and dS are rounded to qkv's dtype where CUDA writes them in it, so both
-// backends round at the same places.
+// probabilities, dP and dS are rounded to qkv's dtype where CUDA writes them in it, and att, dout,
+// out and dqkv of another dtype pass through qkv's dtype as CUDA's casts do, so both backends
+// round at the same places (kernels/ops.h).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -59,6 +60,12 @@ std::optional<Tensor> scratch_if(bool need, CachingAllocator& alloc, Shape shape
   return Tensor(alloc, std::move(shape), DType::F32, Category::workspace);
 }
 
+// n values of t from element `off` into buf, whatever t's dtype.
+void copy_f32(const Tensor& t, std::int64_t off, std::int64_t n, float* buf) {
+  const float* src = read_f32(t, off, n, buf);
+  if (src != buf) std::copy(src, src + n, buf);
+}
+
 // Rounds n fp32 values to dtype t in place (no-op for F32), as a GEMM writing t would.
 void round_to(DType t, float* p, std::int64_t n) {
   if (t == DType::F32) return;
@@ -83,6 +90,7 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, std
   auto out_buf = scratch_if(out && out->dtype() != DType::F32, alloc, {d.t, d.hd});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
   const std::int64_t tt = d.t;
+  const bool lowp = qkv.dtype() != DType::F32;
   auto slice = [&](std::int64_t b, std::int64_t h) {
     const QkvSlice s = qkv_slice(qkv, d, b, h, qkv_buf ? &*qkv_buf : nullptr);
     const std::int64_t att_off = (b * d.nh + h) * tt * tt;
@@ -109,6 +117,8 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, std
     float* o = out_buf ? out_buf->as<float>() : out->as<float>() + out_off;
     const std::int64_t ldo = out_buf ? d.hd : d.c;
     sgemm(false, false, tt, d.hd, tt, 1.0f, p, tt, s.v, s.ld, 0.0f, o, ldo);
+    if (lowp && out->dtype() != qkv.dtype())  // CUDA's GEMM writes it in qkv's dtype first
+      for (std::int64_t t = 0; t < tt; ++t) round_to(qkv.dtype(), o + t * ldo, d.hd);
     if (out_buf)
       for (std::int64_t t = 0; t < tt; ++t) write_f32(*out, out_off + t * d.c, d.hd, o + t * d.hd);
   };
@@ -142,25 +152,29 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
   const std::int64_t tt = d.t, hd = d.hd;
   const DType dt = qkv.dtype();
   // dP / dS of one sequence's heads (NH, T, T) in qkv's dtype, as on CUDA; fp32 copies of
-  // 16-bit operands of one slice (workspace), including the fp32 dS of a 16-bit dP.
+  // 16-bit operands of one slice (workspace), including the fp32 dS of a 16-bit dP. With 16-bit
+  // qkv, att and dout are copied whatever their dtype, to be read as qkv's dtype (ops.h).
+  const bool lowp = dt != DType::F32;
   Tensor dp(alloc, {d.nh, tt, tt}, dt, Category::temporaries);
-  auto qkv_buf = scratch_if(dt != DType::F32, alloc, {3, tt, hd});
-  auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {tt, tt});
-  auto dout_buf = scratch_if(dout.dtype() != DType::F32, alloc, {tt, hd});
+  auto qkv_buf = scratch_if(lowp, alloc, {3, tt, hd});
+  auto att_buf = scratch_if(att.dtype() != DType::F32 || lowp, alloc, {tt, tt});
+  auto dout_buf = scratch_if(dout.dtype() != DType::F32 || lowp, alloc, {tt, hd});
   auto dqkv_buf = scratch_if(dqkv.dtype() != DType::F32, alloc, {3, tt, hd});
-  auto ds_buf = scratch_if(dt != DType::F32, alloc, {tt, tt});
+  auto ds_buf = scratch_if(lowp, alloc, {tt, tt});
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   auto slice = [&](std::int64_t b, std::int64_t h) {
     const QkvSlice s = qkv_slice(qkv, d, b, h, qkv_buf ? &*qkv_buf : nullptr);
     const std::int64_t att_off = (b * d.nh + h) * tt * tt;
     const float* p = att_buf ? att_buf->as<float>() : att.as<float>() + att_off;
-    if (att_buf) read_f32(att, att_off, tt * tt, att_buf->as<float>());
+    if (att_buf) copy_f32(att, att_off, tt * tt, att_buf->as<float>());
+    if (lowp && att.dtype() != dt) round_to(dt, att_buf->as<float>(), tt * tt);
     const std::int64_t out_off = b * tt * d.c + h * d.hd;
     const float* g = dout_buf ? dout_buf->as<float>() : dout.as<float>() + out_off;
     const std::int64_t ldg = dout_buf ? hd : d.c;
     if (dout_buf)
       for (std::int64_t t = 0; t < tt; ++t)
-        read_f32(dout, out_off + t * d.c, hd, dout_buf->as<float>() + t * hd);
+        copy_f32(dout, out_off + t * d.c, hd, dout_buf->as<float>() + t * hd);
+    if (lowp && dout.dtype() != dt) round_to(dt, dout_buf->as<float>(), tt * hd);
     const std::int64_t dq_off = b * tt * 3 * d.c + h * hd;
     float* dq = dqkv_buf ? dqkv_buf->as<float>() : dqkv.as<float>() + dq_off;
     float* dk = dqkv_buf ? dq + tt * hd : dq + d.c;
@@ -186,6 +200,9 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
     round_to(dt, ds, tt * tt);
     sgemm(false, false, tt, hd, tt, scale, ds, tt, s.k, s.ld, 0.0f, dq, ldd);  // dQ = s·dS·K
     sgemm(true, false, tt, hd, tt, scale, ds, tt, s.q, s.ld, 0.0f, dk, ldd);   // dK = s·dSᵀ·Q
+    if (lowp && dqkv.dtype() != dt)  // CUDA's GEMMs write them in qkv's dtype first
+      for (float* part : {dq, dk, dv})
+        for (std::int64_t t = 0; t < tt; ++t) round_to(dt, part + t * ldd, hd);
     if (dqkv_buf)
       for (std::int64_t t = 0; t < tt; ++t)
         for (std::int64_t part = 0; part < 3; ++part)

@@ -17,8 +17,9 @@
 //     CPU. Its users share it only through the one compute stream: none keeps data in it past the
 //     end of its call;
 //   - dtype casts that a library call needs because its operands differ in dtype (cuBLASLt wants
-//     A and B alike; cuDNN wants x, w, y alike), and fp32 accumulators for 16-bit maxpool
-//     gradients: Category::workspace, freed before returning;
+//     A and B alike; cuDNN wants x, w, y alike), fp32 accumulators for 16-bit maxpool
+//     gradients, and the fp32 result of a 16-bit linear output whose bias is not fused (so that
+//     it is rounded once, with the bias in): Category::workspace, freed before returning;
 //   - cuDNN convolution workspace and the embedding-gradient sort buffers: Category::workspace;
 //   - shared with the CPU: attention_backward's dP (NH, T, T) in qkv's dtype and the
 //     embedding-gradient order (Category::temporaries). The CPU's fp32 copies of 16-bit GEMM
@@ -96,9 +97,10 @@ void launch_scale(void* p, DType t, std::int64_t n, float s, cudaStream_t stream
 // dst (+)= src element-wise, any float dtypes.
 void launch_store_grad(void* dst, DType dt, const void* src, DType st, std::int64_t n,
                        bool accumulate, cudaStream_t s);
-// out (rows, cols) += bias (cols), broadcast over rows.
+// out (rows, cols) = from (rows, cols) + bias (cols), broadcast over rows, rounded once to out's
+// dtype; from nullptr: out += bias.
 void launch_add_row_bias(void* out, DType ot, const void* bias, DType bt, std::int64_t rows,
-                         std::int64_t cols, cudaStream_t s);
+                         std::int64_t cols, cudaStream_t s, const float* from = nullptr);
 // dst (cols) (+)= Σ_rows src (rows, cols), fp32 accumulation, deterministic (a fixed order for a
 // given shape and GPU). Long columns are split into row chunks whose fp32 partials go to
 // `scratch` (scratch_bytes of it; the small scratch), then summed in order.
@@ -128,7 +130,12 @@ struct GemmDesc {
   const void* a = nullptr;
   const void* b = nullptr;
   void* c = nullptr;
+  // A bias (n) goes in before C's one rounding: in cuBLASLt's epilogue when it can (bias in C's
+  // dtype, beta = 0), else added to an fp32 C, or, for a 16-bit C, to an fp32 scratch
+  // (Category::workspace, from bias_scratch) that is then rounded into C once.
   const void* bias = nullptr;
+  DType bias_type = DType::F32;
+  CachingAllocator* bias_scratch = nullptr;
   DType ab = DType::F32, c_type = DType::F32;
   std::int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
@@ -224,6 +231,7 @@ class CudaOps final : public Ops {
  private:
   // One cuBLASLt matmul on the compute stream (cuda_ops_gemm.cpp).
   void gemm(const GemmDesc& g);
+  void gemm_f32_then_bias(const GemmDesc& g);  // gemm()'s unfused bias on a 16-bit C
   // The persistent workspace: cuBLASLt's part and the small scratch after it.
   void* lt_workspace();
   void* small_scratch();

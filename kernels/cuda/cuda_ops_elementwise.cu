@@ -72,14 +72,15 @@ __global__ void store_grad_kernel(TO* dst, const TA* src, std::int64_t n, bool a
     dst[i] = from_f<TO>((accumulate ? to_f(dst[i]) : 0.0f) + to_f(src[i]));
 }
 
-// out (rows, cols) += bias (cols)
+// out (rows, cols) = (from or out) + bias (cols)
 template <typename T>
-__global__ void add_row_bias_kernel(T* out, AnyIn bias, std::int64_t rows, std::int64_t cols) {
+__global__ void add_row_bias_kernel(T* out, const float* from, AnyIn bias, std::int64_t rows,
+                                    std::int64_t cols) {
   const std::int64_t n = rows * cols;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += stride)
-    out[i] = from_f<T>(to_f(out[i]) + bias[i % cols]);
+    out[i] = from_f<T>((from ? from[i] : to_f(out[i])) + bias[i % cols]);
 }
 
 constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
@@ -182,11 +183,11 @@ void launch_store_grad(void* dst, DType dt, const void* src, DType st, std::int6
 }
 
 void launch_add_row_bias(void* out, DType ot, const void* bias, DType bt, std::int64_t rows,
-                         std::int64_t cols, cudaStream_t s) {
+                         std::int64_t cols, cudaStream_t s, const float* from) {
   if (rows * cols == 0) return;
   dispatch_float(ot, "bias add", [&](auto o) {
     using T = decltype(o);
-    add_row_bias_kernel<T><<<grid_for(rows * cols), kThreads, 0, s>>>(static_cast<T*>(out),
+    add_row_bias_kernel<T><<<grid_for(rows * cols), kThreads, 0, s>>>(static_cast<T*>(out), from,
                                                                       AnyIn{bias, bt}, rows, cols);
     CUDA_CHECK_LAUNCH();
   });

@@ -109,7 +109,8 @@ void CudaOps::gemm(const GemmDesc& g) {
     } else if (g.beta != 1.0f) {
       launch_scale(g.c, g.c_type, total, g.beta, stream_);
     }
-    if (g.bias) launch_add_row_bias(g.c, g.c_type, g.bias, g.c_type, g.batch * g.m, g.n, stream_);
+    if (g.bias)
+      launch_add_row_bias(g.c, g.c_type, g.bias, g.bias_type, g.batch * g.m, g.n, stream_);
     return;
   }
 
@@ -217,22 +218,43 @@ void CudaOps::gemm(const GemmDesc& g) {
     return true;
   };
 
-  bool fused_bias = g.bias != nullptr && g.beta == 0.0f;
+  // The bias goes into cuBLASLt's epilogue when it is in C's dtype and the heuristic has an
+  // algorithm for it; otherwise it is added after the GEMM (GemmDesc).
+  bool fused_bias = g.bias != nullptr && g.beta == 0.0f && g.bias_type == g.c_type;
   MatmulDesc desc = make_desc(fused_bias);
   cublasLtMatmulAlgo_t algo{};
-  if (!find_algo(desc.get(), fused_bias, &algo)) {
-    fused_bias = false;
+  if (fused_bias && !find_algo(desc.get(), true, &algo)) fused_bias = false;
+  if (g.bias && !fused_bias) {
+    if (g.ldc != g.n || g.batch != 1)
+      throw std::invalid_argument("gemm: an unfused bias needs one contiguous C");
+    if (g.c_type != DType::F32) {
+      gemm_f32_then_bias(g);
+      return;
+    }
+  }
+  if (!fused_bias) {
     desc = make_desc(false);
     find_algo(desc.get(), false, &algo);
   }
   CUBLAS_CHECK(cublasLtMatmul(lt_.get(), desc.get(), &g.alpha, g.b, la.get(), g.a, lb.get(),
                               &g.beta, g.c, lc.get(), g.c, lc.get(), &algo, ws, kLtWorkspaceBytes,
                               stream_));
-  if (g.bias && !fused_bias) {
-    if (g.ldc != g.n || g.batch != 1)
-      throw std::invalid_argument("gemm: an unfused bias needs one contiguous C");
-    launch_add_row_bias(g.c, g.c_type, g.bias, g.c_type, g.m, g.n, stream_);
-  }
+  if (g.bias && !fused_bias)  // fp32 C: the GEMM's sum, then the bias (as the CPU's sgemm onto it)
+    launch_add_row_bias(g.c, g.c_type, g.bias, g.bias_type, g.m, g.n, stream_);
+}
+
+void CudaOps::gemm_f32_then_bias(const GemmDesc& g) {
+  // A 16-bit C that must not be rounded before its bias is added (ops.h: one rounding).
+  if (g.bias_scratch == nullptr)
+    throw std::logic_error("gemm: an unfused bias on a 16-bit C needs bias_scratch");
+  Tensor acc(*g.bias_scratch, {g.m, g.n}, DType::F32, Category::workspace);
+  if (g.beta != 0.0f) launch_cast(acc.data(), DType::F32, g.c, g.c_type, g.m * g.n, stream_);
+  GemmDesc f = g;  // A and B in C's 16-bit dtype with an fp32 C: cuBLASLt's native mixed mode
+  f.c = acc.data();
+  f.c_type = DType::F32;
+  f.bias = nullptr;
+  gemm(f);
+  launch_add_row_bias(g.c, g.c_type, g.bias, g.bias_type, g.m, g.n, stream_, acc.as<float>());
 }
 
 void CudaOps::matmul(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
@@ -287,11 +309,12 @@ void CudaOps::linear_forward(Tensor& out, const Tensor& inp, const Tensor& weigh
   g.lda = ch;
   g.ldb = ch;
   g.ldc = oc;
-  const bool fuse = bias && bias->dtype() == out.dtype();
-  if (fuse) g.bias = bias->data();
+  if (bias) {
+    g.bias = bias->data();
+    g.bias_type = bias->dtype();
+    g.bias_scratch = out.allocator();
+  }
   gemm(g);
-  if (bias && !fuse)
-    launch_add_row_bias(out.data(), out.dtype(), bias->data(), bias->dtype(), rows, oc, stream_);
 }
 
 void CudaOps::linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,

@@ -1,14 +1,17 @@
 // Loss-scale unscaling with the inf/nan check, and the fused optimizer step with torch.optim's
-// formulas (maximize=False, amsgrad=False, centered=False), the same arithmetic as the CPU
-// backend element for element: one element-wise kernel for one parameter, and one multi-tensor
-// kernel (PyTorch's multi_tensor_apply pattern) that updates many parameters per launch — the
-// tensor pointers and a block -> (tensor, chunk) table travel by value in the kernel's
-// parameters, so there is no device-side metadata whose lifetime could race the launch.
+// formulas: the element arithmetic of kernels/optimizer_math.h, shared with the CPU backend and
+// rounded as it is, operation by operation (the host update of offload=optimizer and
+// offload=params must equal this one bit for bit). One element-wise kernel for one parameter,
+// and one multi-tensor kernel (PyTorch's multi_tensor_apply pattern) that updates many
+// parameters per launch — the tensor pointers and a block -> (tensor, chunk) table travel by
+// value in the kernel's parameters, so there is no device-side metadata whose lifetime could
+// race the launch.
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/optimizer_math.h"
 
 namespace memtrade::cuda {
 namespace {
@@ -24,77 +27,32 @@ __global__ void unscale_kernel(T* g, std::int64_t n, float inv_scale, bool write
        i += stride) {
     const float x = to_f(g[i]);
     // Checked before (an inf times 0 would hide) and after (a finite value may overflow).
-    const float v = x * inv_scale;
+    const float v = rn::mul(x, inv_scale);  // as the CPU's: no FMA can form here, but one rule
     if (!isfinite(x) || !isfinite(v)) bad = true;
     if (write) g[i] = from_f<T>(v);  // x·1 == x: a check-only call writes nothing
   }
   if (__any_sync(0xffffffffu, bad) && threadIdx.x % 32 == 0) *flag = 1;
 }
 
-struct OptArgs {
-  OptimizerKind kind;
-  float lr, wd, eps, momentum, dampening, beta1, beta2, alpha, grad_scale;
-  float step_size, bc2_sqrt, clr;  // Adam's bias correction, Adagrad's decayed lr
-  bool nesterov, first_step;
-};
-
-// One element: w and g in fp32 (g already scaled), the states read and written through s0/s1.
-__device__ __forceinline__ float update_element(const OptArgs& a, float w, float g, AnyOut s0,
-                                                AnyOut s1, std::int64_t j) {
-  switch (a.kind) {
-    case OptimizerKind::sgd:
-      g += a.wd * w;
-      w -= a.lr * g;
-      break;
-    case OptimizerKind::sgd_momentum: {
-      g += a.wd * w;
-      // torch creates the buffer from the first gradient (step 1), then decays it.
-      const float buf = a.first_step ? g : a.momentum * s0.load(j) + (1.0f - a.dampening) * g;
-      s0.store(j, buf);
-      g = a.nesterov ? g + a.momentum * buf : buf;
-      w -= a.lr * g;
-      break;
-    }
-    case OptimizerKind::adam:
-    case OptimizerKind::adamw: {
-      if (a.kind == OptimizerKind::adamw) {
-        w *= 1.0f - a.lr * a.wd;  // decoupled weight decay
-      } else {
-        g += a.wd * w;
-      }
-      const float m = a.beta1 * s0.load(j) + (1.0f - a.beta1) * g;
-      const float v = a.beta2 * s1.load(j) + (1.0f - a.beta2) * g * g;
-      s0.store(j, m);
-      s1.store(j, v);
-      w -= a.step_size * m / (sqrtf(v) / a.bc2_sqrt + a.eps);
-      break;
-    }
-    case OptimizerKind::adagrad: {
-      g += a.wd * w;
-      const float sum = s0.load(j) + g * g;
-      s0.store(j, sum);
-      w -= a.clr * g / (sqrtf(sum) + a.eps);
-      break;
-    }
-    case OptimizerKind::rmsprop: {
-      g += a.wd * w;
-      const float sq = a.alpha * s0.load(j) + (1.0f - a.alpha) * g * g;
-      s0.store(j, sq);
-      w -= a.lr * g / (sqrtf(sq) + a.eps);
-      break;
-    }
-  }
+// One element: w and the stored g in fp32, the states read and written through s0/s1 (null for
+// kinds without them).
+__device__ __forceinline__ float update_element(const OptimizerScalars& a, float w, float g,
+                                                AnyOut s0, AnyOut s1, std::int64_t j) {
+  float m0 = s0.p ? s0.load(j) : 0.0f, m1 = s1.p ? s1.load(j) : 0.0f;
+  w = dispatch_optimizer(
+      a.kind, [&](auto kind) { return optimizer_element<decltype(kind)::value>(a, w, g, m0, m1); });
+  if (s0.p) s0.store(j, m0);
+  if (s1.p) s1.store(j, m1);
   return w;
 }
 
 template <typename TP, typename TG>
 __global__ void optimizer_kernel(TP* param, const TG* grad, AnyOut s0, AnyOut s1, std::int64_t n,
-                                 OptArgs a) {
+                                 OptimizerScalars a) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < n;
        j += stride)
-    param[j] =
-        from_f<TP>(update_element(a, to_f(param[j]), to_f(grad[j]) * a.grad_scale, s0, s1, j));
+    param[j] = from_f<TP>(update_element(a, to_f(param[j]), to_f(grad[j]), s0, s1, j));
 }
 
 // Multi-tensor launch metadata, passed by value (well under the 4 KiB kernel-parameter limit):
@@ -115,10 +73,11 @@ struct MultiArgs {
   std::uint8_t block_tensor[kMultiBlocks];
   std::int32_t block_chunk[kMultiBlocks];
 };
-static_assert(sizeof(MultiArgs) + sizeof(OptArgs) < 4000, "kernel parameters are limited to 4 KiB");
+static_assert(sizeof(MultiArgs) + sizeof(OptimizerScalars) < 4000,
+              "kernel parameters are limited to 4 KiB");
 
 template <typename TP, typename TG>
-__global__ void optimizer_multi_kernel(MultiArgs m, OptArgs a) {
+__global__ void optimizer_multi_kernel(MultiArgs m, OptimizerScalars a) {
   const int t = m.block_tensor[blockIdx.x];
   const std::int64_t begin = static_cast<std::int64_t>(m.block_chunk[blockIdx.x]) * kMultiChunk;
   const std::int64_t end = begin + kMultiChunk < m.n[t] ? begin + kMultiChunk : m.n[t];
@@ -126,30 +85,7 @@ __global__ void optimizer_multi_kernel(MultiArgs m, OptArgs a) {
   const TG* grad = static_cast<const TG*>(m.grad[t]);
   const AnyOut s0{m.s0[t], m.s0_t[t]}, s1{m.s1[t], m.s1_t[t]};
   for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x)
-    param[j] =
-        from_f<TP>(update_element(a, to_f(param[j]), to_f(grad[j]) * a.grad_scale, s0, s1, j));
-}
-
-OptArgs opt_args(const OptimizerHyper& h) {
-  const double step = static_cast<double>(h.step);
-  OptArgs a{};
-  a.kind = h.kind;
-  a.lr = h.lr;
-  a.wd = h.weight_decay;
-  a.eps = h.eps;
-  a.momentum = h.momentum;
-  a.dampening = h.dampening;
-  a.beta1 = h.beta1;
-  a.beta2 = h.beta2;
-  a.alpha = h.alpha;
-  a.grad_scale = h.grad_scale;
-  // Scalars of Adam's bias correction, in double like Python floats, then used in fp32.
-  a.step_size = static_cast<float>(h.lr / (1.0 - std::pow(double{h.beta1}, step)));
-  a.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double{h.beta2}, step)));
-  a.clr = static_cast<float>(h.lr / (1.0 + (step - 1.0) * h.lr_decay));
-  a.nesterov = h.nesterov;
-  a.first_step = h.step == 1;
-  return a;
+    param[j] = from_f<TP>(update_element(a, to_f(param[j]), to_f(grad[j]), s0, s1, j));
 }
 
 }  // namespace
@@ -183,7 +119,7 @@ void CudaOps::optimizer_update(const OptimizerHyper& h, Tensor& param, const Ten
   const std::int64_t n = param.numel();
   if (n == 0) return;
   const int nstate = optimizer_state_count(h.kind);
-  const OptArgs a = opt_args(h);
+  const OptimizerScalars a = optimizer_scalars(h);
   const AnyOut s0 =
       nstate >= 1 ? AnyOut{state0->data(), state0->dtype()} : AnyOut{nullptr, DType::F32};
   const AnyOut s1 =
@@ -204,7 +140,7 @@ void CudaOps::optimizer_update_many(const OptimizerHyper& h, std::span<const Opt
   for (const OptimizerSlot& s : slots)
     check_optimizer_update(h, *s.param, *s.grad, s.state0, s.state1);
   const int nstate = optimizer_state_count(h.kind);
-  const OptArgs a = opt_args(h);
+  const OptimizerScalars a = optimizer_scalars(h);
   // One launch per (param, grad) dtype pair and per kMultiTensors / kMultiBlocks of metadata.
   for (DType pt : {DType::F32, DType::F16, DType::BF16}) {
     for (DType gt : {DType::F32, DType::F16, DType::BF16}) {

@@ -153,6 +153,14 @@ TEST_P(CudaNorm, AttentionWithF32ProbabilitiesOf16BitQkv) {
   const float lp = t == DType::F32 ? 0.0f : 1.0f;
   expect_close(att, Tol{1e-6f + lp * 2 * dtype_eps(t), 0, 4}, "f32 probabilities");
   expect_close(out, Tol{1e-5f, lp * 4 * dtype_eps(t), 4}, "out");
+  // fp32 dout and dqkv next to 16-bit qkv: both backends read dout as qkv's dtype and write
+  // dqkv through it (ops.h), so the tolerance is the all-16-bit one.
+  Pair dout = rand({2, 32, 64}, DType::F32, 12);
+  Pair dqkv = full({2, 32, 3 * 64}, DType::F32, 7.0f);
+  Pair att_ref = make({2, 4, 32, 32}, DType::F32, cpu_->to_host_f32(att.cpu));
+  cpu_ops().attention_backward(dqkv.cpu, dout.cpu, qkv.cpu, att_ref.cpu, 4);
+  gpu_ops().attention_backward(dqkv.gpu, dout.gpu, qkv.gpu, att_ref.gpu, 4);
+  expect_close(dqkv, Tol{1e-5f, 1e-5f + lp * 8 * dtype_eps(t), 4}, "f32 dqkv from f32 dout");
 }
 
 MEMTRADE_INSTANTIATE_DTYPES(CudaNorm);

@@ -99,6 +99,36 @@ TEST_F(OpsTest, AttentionSlicesInParallelMatchOneHeadAtATime) {
   }
 }
 
+// With 16-bit qkv the GEMMs run in qkv's dtype (ops.h), as CUDA's do: an fp32 dout or att is
+// read rounded to it, and out or dqkv of another dtype are computed in it first. So the run
+// with every tensor in qkv's dtype gives the same bits as the mixed one.
+TEST_F(OpsTest, AttentionOf16BitQkvReadsAndWritesThroughItsDtype) {
+  const int b = 2, t = 12, c = 16, nh = 2;
+  for (DType lp : {DType::BF16, DType::F16}) {
+    const DType other = lp == DType::BF16 ? DType::F16 : DType::BF16;
+    SCOPED_TRACE(dtype_name(lp));
+    Tensor tq = make({b, t, 3 * c}, rand_vec(b * t * 3 * c, 7, 1.5f), lp);
+    Tensor out = garbage({b, t, c}, lp), att = garbage({b, nh, t, t}, lp);
+    ops().attention_forward(out, att, tq, nh);
+    for (DType ot : {DType::F32, other}) {
+      Tensor out2 = garbage({b, t, c}, ot), att2 = garbage({b, nh, t, t}, ot);
+      ops().attention_forward(out2, att2, tq, nh);
+      EXPECT_EQ(get(out2), quantize(get(out), ot)) << "out " << dtype_name(ot);
+      EXPECT_EQ(get(att2), quantize(get(att), ot)) << "att " << dtype_name(ot);
+    }
+    // Backward from arbitrary fp32 dout and att (not representable in lp).
+    const std::vector<float> r = rand_vec(b * t * c, 8), p = rand_vec(b * nh * t * t, 9);
+    Tensor dqkv = garbage({b, t, 3 * c}, lp);
+    ops().attention_backward(dqkv, make({b, t, c}, quantize(r, lp), lp), tq,
+                             make({b, nh, t, t}, quantize(p, lp), lp), nh);
+    for (DType dt : {DType::F32, other}) {
+      Tensor dqkv2 = garbage({b, t, 3 * c}, dt);
+      ops().attention_backward(dqkv2, make({b, t, c}, r), tq, make({b, nh, t, t}, p), nh);
+      EXPECT_EQ(get(dqkv2), quantize(get(dqkv), dt)) << "dqkv " << dtype_name(dt);
+    }
+  }
+}
+
 TEST_F(OpsTest, AttentionRejectsBadShapes) {
   Tensor tq = zeros({2, 5, 24}), out = zeros({2, 5, 8}), att = zeros({2, 2, 5, 5});
   EXPECT_THROW(ops().attention_forward(out, att, tq, 3), std::invalid_argument);  // 8 % 3
