@@ -188,6 +188,35 @@ RowDims check_layernorm_backward(const Tensor& dinp, const Tensor* dweight, cons
   return {n, c};
 }
 
+RowDims check_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
+                              const Tensor& weight) {
+  constexpr std::string_view op = "rmsnorm_forward";
+  check_float(op, "inp", inp);
+  check_float(op, "out", out);
+  check_float(op, "weight", weight);
+  check_shape(op, "out", out, inp.shape());
+  const std::int64_t c = inp.dim(-1), n = leading_rows(inp);
+  check_shape(op, "weight", weight, {c});
+  check_stat(op, "rstd", rstd, n);
+  return {n, c};
+}
+
+RowDims check_rmsnorm_backward(const Tensor& dinp, const Tensor* dweight, const Tensor& dout,
+                               const Tensor& inp, const Tensor& weight, const Tensor& rstd) {
+  constexpr std::string_view op = "rmsnorm_backward";
+  check_float(op, "dinp", dinp);
+  check_float(op, "dout", dout);
+  check_float(op, "inp", inp);
+  check_float(op, "weight", weight);
+  check_shape(op, "dinp", dinp, inp.shape());
+  check_shape(op, "dout", dout, inp.shape());
+  const std::int64_t c = inp.dim(-1), n = leading_rows(inp);
+  check_shape(op, "weight", weight, {c});
+  check_stat(op, "rstd", rstd, n);
+  check_optional(op, "dweight", dweight, {c});
+  return {n, c};
+}
+
 RowDims check_softmax_forward(const Tensor& out, const Tensor& inp) {
   constexpr std::string_view op = "softmax_forward";
   check_float(op, "out", out);
@@ -336,6 +365,36 @@ AttentionDims check_attention_backward(const Tensor& dqkv, const Tensor& dout, c
   check_shape(op, "dout", dout, {d.b, d.t, d.c});
   check_shape(op, "att", att, {d.b, d.nh, d.t, d.t});
   return d;
+}
+
+RopeDims check_rope(std::string_view op, const Tensor& qkv, int n_head, int n_kv_head) {
+  check_float(op, "qkv", qkv);
+  if (n_head < 1 || n_kv_head < 1 || n_head % n_kv_head != 0)  // so n_kv_head <= n_head
+    fail(op, "n_head = {} must be a positive multiple of n_kv_head = {}", n_head, n_kv_head);
+  const std::int64_t heads = n_head + 2 * static_cast<std::int64_t>(n_kv_head);
+  if (qkv.ndim() != 3 || qkv.dim(2) % heads != 0)
+    fail(op,
+         "qkv {} must be (B, T, (n_head + 2·n_kv_head)·head_dim) with n_head = {}, n_kv_head = {}",
+         shape_str(qkv.shape()), n_head, n_kv_head);
+  const std::int64_t hd = qkv.dim(2) / heads;
+  if (hd < 2 || hd % 2 != 0 || hd > kRopeMaxHeadDim)
+    fail(op, "head_dim {} must be even, in [2, {}]", hd, kRopeMaxHeadDim);
+  return {qkv.dim(0), qkv.dim(1), n_head, n_kv_head, hd};
+}
+
+void check_swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                           const Tensor& gate, const Tensor& up) {
+  constexpr std::string_view op = "swiglu_backward";
+  check_float(op, "dgate", dgate);
+  check_float(op, "dup", dup);
+  check_float(op, "dout", dout);
+  check_float(op, "gate", gate);
+  check_float(op, "up", up);
+  for (const Tensor* t : {&dgate, &dup, &dout, &up})
+    if (t->shape() != gate.shape())
+      fail(op, "shapes differ: dgate {}, dup {}, dout {}, gate {}, up {}", shape_str(dgate.shape()),
+           shape_str(dup.shape()), shape_str(dout.shape()), shape_str(gate.shape()),
+           shape_str(up.shape()));
 }
 
 ConvDims check_conv_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,

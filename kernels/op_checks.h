@@ -52,6 +52,13 @@ RowDims check_layernorm_backward(const Tensor& dinp, const Tensor* dweight, cons
                                  const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                  const Tensor& mean, const Tensor& rstd);
 
+// RMSNorm over the last dimension C of inp (rows = leading_rows(inp)): out, dinp and dout like
+// inp, weight and dweight (C), all float; rstd (rows) F32.
+RowDims check_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
+                              const Tensor& weight);
+RowDims check_rmsnorm_backward(const Tensor& dinp, const Tensor* dweight, const Tensor& dout,
+                               const Tensor& inp, const Tensor& weight, const Tensor& rstd);
+
 // softmax over the last dimension: out (and dinp, dout) shaped like inp / out, all float.
 RowDims check_softmax_forward(const Tensor& out, const Tensor& inp);
 RowDims check_softmax_backward(const Tensor& dinp, const Tensor& dout, const Tensor& out);
@@ -101,6 +108,18 @@ AttentionDims check_attention_forward(std::string_view op, const Tensor* out, co
 // dqkv like qkv, dout (B, T, C), att (B, NH, T, T), all float.
 AttentionDims check_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                        const Tensor& att, int n_head);
+
+// RoPE on packed qkv (B, T, (NH + 2·NKV)·hd), float, 1 <= NKV <= NH with NH a multiple of NKV
+// (grouped-query attention's layout), hd even and at most kRopeMaxHeadDim. `op` names the caller.
+struct RopeDims {
+  std::int64_t b, t, nh, nkv, hd;
+  std::int64_t row() const { return (nh + 2 * nkv) * hd; }  // elements per (b, t)
+};
+RopeDims check_rope(std::string_view op, const Tensor& qkv, int n_head, int n_kv_head);
+
+// swiglu_backward: dgate, dup, dout, gate and up float, all of one shape.
+void check_swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
+                           const Tensor& gate, const Tensor& up);
 
 // conv2d: inp (N, Ci, H, W), weight (Co, Ci, KH, KW), stride >= 1, pad >= 0, kernel within the
 // padded input; out/dout (N, Co, OH, OW), bias/dbias (Co), dinp/dweight like inp/weight (grads

@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kernels/tensor.h"
 
@@ -80,6 +81,25 @@ struct OptimizerSlot {
 
 // Number of fp32-sized state tensors per parameter: 0, 1, 2, 2, 1, 1.
 int optimizer_state_count(OptimizerKind kind);
+
+// Rotary position embeddings as HF transformers' LlamaRotaryEmbedding computes them: rope_theta,
+// and rope_scaling of type "llama3" (Llama 3.1/3.2 configs) when factor > 0.
+struct RopeConfig {
+  double theta = 10000.0;
+  double factor = 0.0;  // 0: no scaling
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  std::int64_t original_max_position = 8192;
+};
+
+// Largest head_dim rope_forward/backward take: CUDA passes the frequencies as a kernel argument.
+inline constexpr std::int64_t kRopeMaxHeadDim = 1024;
+
+// The head_dim / 2 inverse frequencies, on the host, in HF's fp32 arithmetic (kernels/rope.cpp
+// says which operations round where): both backends and the tests take them from here. Throws
+// std::invalid_argument for an odd or non-positive head_dim or a config HF would divide by
+// zero with (theta <= 0; with scaling: factor, low_freq_factor or original_max_position <= 0,
+// or high_freq_factor <= low_freq_factor).
+std::vector<float> rope_inv_freq(std::int64_t head_dim, const RopeConfig& rope);
 
 class Ops {
  public:
@@ -180,6 +200,43 @@ class Ops {
   virtual void maxpool2d_forward(Tensor& out, Tensor& argmax, const Tensor& inp, int kernel,
                                  int stride) = 0;
   virtual void maxpool2d_backward(Tensor& dinp, const Tensor& dout, const Tensor& argmax) = 0;
+
+  // ---- Llama family ---------------------------------------------------------------------------
+  // RMSNorm (HF LlamaRMSNorm) over the last dim: inp (N, C) -> out (N, C); rstd (N) F32, saved
+  // for backward, = 1/√(mean(x²) + eps) with the sum in double (as layer-norm's statistics).
+  // out = weight · (x·rstd rounded to inp's dtype), rounded to out's dtype: HF rounds the
+  // normalised row back to the input's dtype before the weight multiplies it.
+  virtual void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                               float eps) = 0;
+  // dinp (N, C) overwritten (may alias dout); dweight (C) (+)= Σ_rows dout · (x·rstd rounded to
+  // inp's dtype), the factor the forward multiplied the weight by. The rounding is a straight-
+  // through step for dinp, as in autograd. A residual stream adds dinp into its gradient with
+  // add_inplace, as models/layer_layernorm.cpp does for layer-norm.
+  virtual void rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout,
+                                const Tensor& inp, const Tensor& weight, const Tensor& rstd,
+                                bool accumulate) = 0;
+  // RoPE in place on packed qkv (B, T, (NH + 2·NKV)·hd): NH query heads, then NKV key heads, then
+  // NKV value heads, hd wide each (GPT's (B, T, 3C) is NKV = NH). The q and k heads of position
+  // t = 0..T-1 are rotated, v is left alone; HF's rotate_half convention: element i pairs with
+  // i + hd/2 and both use angle t·inv_freq[i mod hd/2] (inv_freq from rope_inv_freq):
+  //   y[i] = x[i]·cos − x[i + hd/2]·sin,  y[i + hd/2] = x[i + hd/2]·cos + x[i]·sin.
+  // The angle is t·inv_freq rounded to fp32 (as HF's), cos and sin are the fp32 values nearest
+  // the true ones, and the rotation is fp32 with one rounding to qkv's dtype. HF instead rounds
+  // cos/sin to a 16-bit activation dtype and then each product and the sum; the two differ by
+  // less than 2 ulps of the dtype (tests/python/test_rope_reference.py), and the one-rounding
+  // rule above is what every other op follows and what makes both backends agree.
+  // hd must be even and at most kRopeMaxHeadDim. No scratch.
+  virtual void rope_forward(Tensor& qkv, int n_head, int n_kv_head, const RopeConfig& rope) = 0;
+  // The transpose (= inverse) rotation of rope_forward on the q and k parts of dqkv, in place:
+  // the gradient with respect to the unrotated q and k. dv is left alone.
+  virtual void rope_backward(Tensor& dqkv, int n_head, int n_kv_head, const RopeConfig& rope) = 0;
+  // SwiGLU's gating (HF LlamaMLP's act_fn(gate_proj(x)) · up_proj(x)): out = silu(gate) · up,
+  // silu(g) = g·σ(g); all (N, I), any float dtypes, out may alias gate or up.
+  virtual void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) = 0;
+  // dgate = dout · up · σ(g)·(1 + g·(1 − σ(g))), dup = dout · silu(g), both overwritten; each may
+  // alias one of the inputs (dgate gate or dout, dup up or dout), not the other output.
+  virtual void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                               const Tensor& up) = 0;
 
   // ---- mixed precision and optimizers --------------------------------------------------------
   // g *= inv_scale for every tensor; returns true if any element was inf or nan (synchronises).

@@ -130,6 +130,15 @@ class DryRunOps final : public Ops {
   void maxpool2d_forward(Tensor&, Tensor&, const Tensor&, int, int) override {}
   void maxpool2d_backward(Tensor&, const Tensor&, const Tensor&) override {}
 
+  // The Llama-family ops take no scratch on either backend.
+  void rmsnorm_forward(Tensor&, Tensor&, const Tensor&, const Tensor&, float) override {}
+  void rmsnorm_backward(Tensor&, Tensor*, const Tensor&, const Tensor&, const Tensor&,
+                        const Tensor&, bool) override {}
+  void rope_forward(Tensor&, int, int, const RopeConfig&) override {}
+  void rope_backward(Tensor&, int, int, const RopeConfig&) override {}
+  void swiglu_forward(Tensor&, const Tensor&, const Tensor&) override {}
+  void swiglu_backward(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
+
   bool unscale_and_check(std::span<Tensor* const> grads, float) override {
     for (Tensor* g : grads)
       if (g && g->allocator()) lt_workspace(*g->allocator());

@@ -133,6 +133,16 @@ void write_f32(Tensor& t, std::int64_t off, std::int64_t n, const float* src) {
                   const_cast<unsigned char*>(byte_ptr(t.data(), t.dtype(), off)));
 }
 
+void round_f32(float* v, std::int64_t n, DType t) {
+  if (t == DType::F32) return;
+  std::uint16_t half[kChunk];
+  for (std::int64_t o = 0; o < n; o += kChunk) {
+    const std::int64_t len = std::min(kChunk, n - o);
+    from_f32_serial(v + o, t, len, half);
+    to_f32_serial(half, t, len, v + o);
+  }
+}
+
 // Serial on purpose: these feed or drain an OpenBLAS GEMM (O(n) next to O(n·k)), and an OpenMP
 // region right before a threaded OpenBLAS call leaves the two thread pools spinning against
 // each other on the same cores (measured: a 256³ bf16 GEMM went from ~1 ms to ~50 ms).

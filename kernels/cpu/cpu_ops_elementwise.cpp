@@ -1,5 +1,5 @@
-// Element-wise ops: fill, cast, add, scale, GELU, ReLU. Chunked so that each chunk is read into
-// fp32 (in place for F32), transformed, and rounded back to the output's dtype.
+// Element-wise ops: fill, cast, add, scale, GELU, ReLU, SwiGLU. Chunked so that each chunk is read
+// into fp32 (in place for F32), transformed, and rounded back to the output's dtype.
 #include <algorithm>
 #include <cmath>
 
@@ -125,6 +125,43 @@ void CpuOps::relu_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) 
   check_binary("relu_backward", dinp, dout, out);
   map2(dinp, dout, out, [](const float* g, const float* o, float* y, std::int64_t n) {
     for (std::int64_t i = 0; i < n; ++i) y[i] = o[i] > 0.0f ? g[i] : 0.0f;
+  });
+}
+
+namespace {
+
+inline float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+
+}  // namespace
+
+void CpuOps::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
+  check_binary("swiglu_forward", out, gate, up);
+  map2(out, gate, up, [](const float* g, const float* u, float* y, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = g[i] * sigmoid(g[i]) * u[i];
+  });
+}
+
+void CpuOps::swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                             const Tensor& up) {
+  check_swiglu_backward(dgate, dup, dout, gate, up);
+  for_chunks(gate.numel(), [&](std::int64_t off, std::int64_t len) {
+    float bd[kChunk], bg[kChunk], bu[kChunk], bdg[kChunk], bdu[kChunk];
+    const float* d = read_f32(dout, off, len, bd);
+    const float* g = read_f32(gate, off, len, bg);
+    const float* u = read_f32(up, off, len, bu);
+    float* dg = dest_f32(dgate, off, bdg);
+    float* du = dest_f32(dup, off, bdu);
+    // Every input of element i is read before its outputs are written: an output may alias
+    // the input it replaces.
+    for (std::int64_t i = 0; i < len; ++i) {
+      const float x = g[i], s = sigmoid(x), gi = d[i], ui = u[i];
+      dg[i] = gi * ui * (s * (1.0f + x * (1.0f - s)));
+      du[i] = gi * (x * s);
+    }
+    write_f32(dgate, off, len, dg);
+    write_f32(dup, off, len, du);
   });
 }
 

@@ -39,6 +39,8 @@ const float* read_f32(const Tensor& t, std::int64_t off, std::int64_t n, float* 
 // write_f32() stores them (a no-op when the pointer is t's own memory).
 float* dest_f32(Tensor& t, std::int64_t off, float* buf);
 void write_f32(Tensor& t, std::int64_t off, std::int64_t n, const float* src);
+// v[0..n) rounded in place to the precision of float dtype t (through its storage format).
+void round_f32(float* v, std::int64_t n, DType t);
 // Bulk conversions between any float storage and fp32 (serial: see cpu_ops.cpp).
 void convert_to_f32(const void* src, DType t, std::int64_t n, float* dst);
 void convert_from_f32(const float* src, DType t, std::int64_t n, void* dst);
@@ -157,6 +159,16 @@ class CpuOps final : public Ops {
   void maxpool2d_forward(Tensor& out, Tensor& argmax, const Tensor& inp, int kernel,
                          int stride) override;
   void maxpool2d_backward(Tensor& dinp, const Tensor& dout, const Tensor& argmax) override;
+
+  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                       float eps) override;
+  void rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& rstd, bool accumulate) override;
+  void rope_forward(Tensor& qkv, int n_head, int n_kv_head, const RopeConfig& rope) override;
+  void rope_backward(Tensor& dqkv, int n_head, int n_kv_head, const RopeConfig& rope) override;
+  void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override;
+  void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                       const Tensor& up) override;
 
   bool unscale_and_check(std::span<Tensor* const> grads, float inv_scale) override;
   void optimizer_update(const OptimizerHyper& h, Tensor& param, const Tensor& grad, Tensor* state0,

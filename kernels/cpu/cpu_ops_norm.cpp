@@ -175,4 +175,81 @@ void CpuOps::softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& ou
   }
 }
 
+// RMSNorm: the layout of layer-norm above without the mean and bias. x·rstd is rounded to inp's
+// dtype before the weight multiplies it (HF's LlamaRMSNorm), hence round_f32 on each chunk.
+void CpuOps::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                             float eps) {
+  const auto [n, c] = check_rmsnorm_forward(out, rstd, inp, weight);
+  if (c == 0) return;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < n; ++r) {
+    float bx[kChunk], bw[kChunk], bo[kChunk], norm[kChunk];
+    const std::int64_t base = r * c;
+    double ss = 0.0;
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* x = read_f32(inp, base + o, len, bx);
+      for (std::int64_t j = 0; j < len; ++j) ss += static_cast<double>(x[j]) * x[j];
+    }
+    const float s = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(c) + eps));
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* x = read_f32(inp, base + o, len, bx);
+      const float* w = read_f32(weight, o, len, bw);
+      for (std::int64_t j = 0; j < len; ++j) norm[j] = x[j] * s;
+      round_f32(norm, len, inp.dtype());
+      float* y = dest_f32(out, base + o, bo);
+      for (std::int64_t j = 0; j < len; ++j) y[j] = w[j] * norm[j];
+      write_f32(out, base + o, len, y);
+    }
+    rstd.as<float>()[r] = s;
+  }
+}
+
+void CpuOps::rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp,
+                              const Tensor& weight, const Tensor& rstd, bool accumulate) {
+  const auto [n, c] = check_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd);
+  const float* rs = rstd.as<float>();
+  // The weight gradient first (column blocks per thread, rows in order: deterministic), since
+  // dinp may alias dout.
+  if (dweight) {
+    for_chunks(c, [&](std::int64_t o, std::int64_t len) {
+      float acc[kChunk], bx[kChunk], bg[kChunk], norm[kChunk];
+      std::fill(acc, acc + len, 0.0f);
+      for (std::int64_t r = 0; r < n; ++r) {
+        const float* x = read_f32(inp, r * c + o, len, bx);
+        const float* g = read_f32(dout, r * c + o, len, bg);
+        for (std::int64_t j = 0; j < len; ++j) norm[j] = x[j] * rs[r];
+        round_f32(norm, len, inp.dtype());
+        for (std::int64_t j = 0; j < len; ++j) acc[j] += g[j] * norm[j];
+      }
+      store_param_grad(*dweight, o, len, acc, accumulate);
+    });
+  }
+  // dx = rstd · (w·g − n · mean(w·g·n)), n = x·rstd.
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < n; ++r) {
+    float bx[kChunk], bg[kChunk], bw[kChunk], bo[kChunk];
+    const std::int64_t base = r * c;
+    double dot = 0.0;
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* x = read_f32(inp, base + o, len, bx);
+      const float* g = read_f32(dout, base + o, len, bg);
+      const float* w = read_f32(weight, o, len, bw);
+      for (std::int64_t j = 0; j < len; ++j) dot += w[j] * g[j] * (x[j] * rs[r]);
+    }
+    const float m = static_cast<float>(dot / static_cast<double>(c));
+    for (std::int64_t o = 0; o < c; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, c - o);
+      const float* x = read_f32(inp, base + o, len, bx);
+      const float* g = read_f32(dout, base + o, len, bg);
+      const float* w = read_f32(weight, o, len, bw);
+      float* y = dest_f32(dinp, base + o, bo);
+      for (std::int64_t j = 0; j < len; ++j) y[j] = (w[j] * g[j] - x[j] * rs[r] * m) * rs[r];
+      write_f32(dinp, base + o, len, y);
+    }
+  }
+}
+
 }  // namespace memtrade::cpu

@@ -222,6 +222,16 @@ class CudaOps final : public Ops {
                          int stride) override;
   void maxpool2d_backward(Tensor& dinp, const Tensor& dout, const Tensor& argmax) override;
 
+  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                       float eps) override;
+  void rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& rstd, bool accumulate) override;
+  void rope_forward(Tensor& qkv, int n_head, int n_kv_head, const RopeConfig& rope) override;
+  void rope_backward(Tensor& dqkv, int n_head, int n_kv_head, const RopeConfig& rope) override;
+  void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override;
+  void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                       const Tensor& up) override;
+
   bool unscale_and_check(std::span<Tensor* const> grads, float inv_scale) override;
   void optimizer_update(const OptimizerHyper& h, Tensor& param, const Tensor& grad, Tensor* state0,
                         Tensor* state1) override;

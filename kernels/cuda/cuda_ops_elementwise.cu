@@ -1,4 +1,4 @@
-// Element-wise ops (fill, cast, add, scale, GELU, ReLU) and the small launchers other files
+// Element-wise ops (fill, cast, add, scale, GELU, ReLU, SwiGLU) and the small launchers other files
 // share (casts, gradient stores, bias adds). Each thread handles 4 consecutive elements with one
 // vector load per operand (16 B for fp32, 8 B for 16-bit) when every pointer is aligned for it —
 // always, for tensors from the caching allocator — and a scalar tail covers n % 4.
@@ -115,6 +115,41 @@ struct GeluBackward {  // (dout, inp)
 struct ReluBackward {  // (dout, out)
   __device__ float operator()(float g, float o) const { return o > 0.0f ? g : 0.0f; }
 };
+
+// SwiGLU's gate, silu(g)·u with silu(g) = g·σ(g), in the CPU's order of operations.
+__device__ __forceinline__ float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+struct SiluMul {  // (gate, up)
+  __device__ float operator()(float g, float u) const { return g * sigmoid(g) * u; }
+};
+
+// swiglu_backward: two outputs from three inputs. One template for the usual case, every tensor
+// of one dtype; AnyIn/AnyOut (a uniform branch per load) for mixed ones, rather than 3⁵
+// instantiations.
+template <typename T>
+__global__ void swiglu_bwd_kernel(T* dgate, T* dup, const T* dout, const T* gate, const T* up,
+                                  std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    // Every input of element i is read before its outputs are written (outputs may alias).
+    const float x = to_f(gate[i]), s = sigmoid(x), d = to_f(dout[i]), u = to_f(up[i]);
+    dgate[i] = from_f<T>(d * u * (s * (1.0f + x * (1.0f - s))));
+    dup[i] = from_f<T>(d * (x * s));
+  }
+}
+
+__global__ void swiglu_bwd_any_kernel(AnyOut dgate, AnyOut dup, AnyIn dout, AnyIn gate, AnyIn up,
+                                      std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const float x = gate[i], s = sigmoid(x), d = dout[i], u = up[i];
+    dgate.store(i, d * u * (s * (1.0f + x * (1.0f - s))));
+    dup.store(i, d * (x * s));
+  }
+}
 
 template <typename F>
 void map1(void* out, DType ot, const void* a, DType at, std::int64_t n, F f, cudaStream_t s,
@@ -259,6 +294,35 @@ void CudaOps::relu_backward(Tensor& dinp, const Tensor& dout, const Tensor& out)
   NvtxRange range("relu_backward");
   check_binary("relu_backward", dinp, dout, out);
   map2(dinp, dout, out, ReluBackward{}, stream_, "relu_backward");
+}
+
+void CudaOps::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
+  NvtxRange range("swiglu_forward");
+  check_binary("swiglu_forward", out, gate, up);
+  map2(out, gate, up, SiluMul{}, stream_, "swiglu_forward");
+}
+
+void CudaOps::swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                              const Tensor& up) {
+  NvtxRange range("swiglu_backward");
+  check_swiglu_backward(dgate, dup, dout, gate, up);
+  const std::int64_t n = gate.numel();
+  if (n == 0) return;
+  const DType t = gate.dtype();
+  if (dgate.dtype() == t && dup.dtype() == t && dout.dtype() == t && up.dtype() == t) {
+    dispatch_float(t, "swiglu_backward", [&](auto tag) {
+      using T = decltype(tag);
+      swiglu_bwd_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(
+          dgate.as<T>(), dup.as<T>(), dout.as<T>(), gate.as<T>(), up.as<T>(), n);
+      CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
+  swiglu_bwd_any_kernel<<<grid_for(n), kThreads, 0, stream_>>>(
+      AnyOut{dgate.data(), dgate.dtype()}, AnyOut{dup.data(), dup.dtype()},
+      AnyIn{dout.data(), dout.dtype()}, AnyIn{gate.data(), gate.dtype()},
+      AnyIn{up.data(), up.dtype()}, n);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace memtrade::cuda

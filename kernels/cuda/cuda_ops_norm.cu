@@ -1,6 +1,6 @@
-// Layer-norm, row softmax (plain and causal, for attention) and column sums. One warp per row:
-// rows are short enough (C, T, V up to tens of thousands) that a warp streaming them from L2 is
-// bandwidth-bound already, and warp shuffles need no shared memory. Statistics are fp32.
+// Layer-norm, RMSNorm, row softmax (plain and causal, for attention) and column sums. One warp per
+// row: rows are short enough (C, T, V up to tens of thousands) that a warp streaming them from L2
+// is bandwidth-bound already, and warp shuffles need no shared memory. Statistics are fp32.
 // Parameter gradients are column reductions in which one block owns 32 columns and walks all
 // rows in a fixed order: deterministic, no atomics. The plain column sum (linear's bias gradient)
 // also splits long columns into row chunks, since ceil(C / 32) blocks alone leave most SMs idle.
@@ -102,6 +102,29 @@ __global__ void layernorm_param_grad_kernel(AnyOut dweight, AnyOut dbias, const 
     }
     if (dweight.p) dweight.store(col, (accumulate ? dweight.load(col) : 0.0f) + tw);
     if (dbias.p) dbias.store(col, (accumulate ? dbias.load(col) : 0.0f) + tb);
+  }
+}
+
+// dweight (+)= Σ_rows dout · (x·rstd rounded to inp's dtype), layer-norm's column scheme.
+template <typename TG, typename TI>
+__global__ void rmsnorm_param_grad_kernel(AnyOut dweight, const TG* dout, const TI* inp,
+                                          const float* rstd, std::int64_t rows, std::int64_t c,
+                                          bool accumulate) {
+  __shared__ float sw[kColRows][33];
+  const std::int64_t col = blockIdx.x * 32 + threadIdx.x;
+  float acc = 0.0f;
+  if (col < c) {
+    for (std::int64_t r = threadIdx.y; r < rows; r += kColRows) {
+      const float norm = to_f(from_f<TI>(to_f(inp[r * c + col]) * rstd[r]));
+      acc += to_f(dout[r * c + col]) * norm;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < c) {
+    float t = 0.0f;
+    for (int y = 0; y < kColRows; ++y) t += sw[y][threadIdx.x];
+    dweight.store(col, (accumulate ? dweight.load(col) : 0.0f) + t);
   }
 }
 
@@ -216,6 +239,44 @@ __global__ void causal_softmax_bwd_kernel(TD* dp, const TP* p, std::int64_t rows
     dot = warp_sum(dot);
     for (std::int64_t j = lane; j < len; j += 32)
       d[j] = from_f<TD>(j <= t ? to_f(pr[j]) * (to_f(d[j]) - dot) : 0.0f);
+  }
+}
+
+// RMSNorm: layer-norm's kernels without the mean and bias; x·rstd is rounded to inp's dtype
+// before the weight multiplies it (HF's LlamaRMSNorm), as on the CPU.
+template <typename TO, typename TI>
+__global__ void rmsnorm_fwd_kernel(TO* out, float* rstd, const TI* inp, AnyIn w, std::int64_t rows,
+                                   std::int64_t c, float eps) {
+  const int lane = threadIdx.x % 32;
+  MEMTRADE_FOR_WARP_ROWS(r, rows) {
+    const TI* x = inp + r * c;
+    double ss = 0.0;  // in double, as on the CPU
+    for (std::int64_t j = lane; j < c; j += 32) {
+      const double v = to_f(x[j]);
+      ss += v * v;
+    }
+    const float s = static_cast<float>(1.0 / sqrt(warp_sum(ss) / static_cast<double>(c) + eps));
+    TO* y = out + r * c;
+    for (std::int64_t j = lane; j < c; j += 32)
+      y[j] = from_f<TO>(w[j] * to_f(from_f<TI>(to_f(x[j]) * s)));
+    if (lane == 0) rstd[r] = s;
+  }
+}
+
+template <typename TD, typename TG, typename TI>
+__global__ void rmsnorm_bwd_kernel(TD* dinp, const TG* dout, const TI* inp, AnyIn w,
+                                   const float* rstd, std::int64_t rows, std::int64_t c) {
+  const int lane = threadIdx.x % 32;
+  MEMTRADE_FOR_WARP_ROWS(r, rows) {
+    const TG* g = dout + r * c;
+    const TI* x = inp + r * c;
+    const float rs = rstd[r];
+    double dot = 0.0;
+    for (std::int64_t j = lane; j < c; j += 32) dot += w[j] * to_f(g[j]) * (to_f(x[j]) * rs);
+    const float m = static_cast<float>(warp_sum(dot) / static_cast<double>(c));
+    TD* dx = dinp + r * c;
+    for (std::int64_t j = lane; j < c; j += 32)
+      dx[j] = from_f<TD>((w[j] * to_f(g[j]) - to_f(x[j]) * rs * m) * rs);
   }
 }
 
@@ -373,6 +434,61 @@ void CudaOps::softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& o
         using TY = decltype(y);
         softmax_bwd_kernel<TD, TG, TY><<<grid_for_rows(n), kThreads, 0, stream_>>>(
             dinp.as<TD>(), dout.as<TG>(), out.as<TY>(), n, c);
+        CUDA_CHECK_LAUNCH();
+      });
+    });
+  });
+}
+
+void CudaOps::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                              float eps) {
+  NvtxRange range("rmsnorm_forward");
+  constexpr std::string_view op = "rmsnorm_forward";
+  const RowDims dims = check_rmsnorm_forward(out, rstd, inp, weight);
+  const std::int64_t n = dims.rows, c = dims.c;  // plain names: the lambdas below capture them
+  if (n == 0 || c == 0) return;
+  dispatch_float(out.dtype(), op, [&](auto o) {
+    dispatch_float(inp.dtype(), op, [&](auto x) {
+      using TO = decltype(o);
+      using TI = decltype(x);
+      rmsnorm_fwd_kernel<TO, TI><<<grid_for_rows(n), kThreads, 0, stream_>>>(
+          out.as<TO>(), rstd.as<float>(), inp.as<TI>(), AnyIn{weight.data(), weight.dtype()}, n, c,
+          eps);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void CudaOps::rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp,
+                               const Tensor& weight, const Tensor& rstd, bool accumulate) {
+  NvtxRange range("rmsnorm_backward");
+  constexpr std::string_view op = "rmsnorm_backward";
+  const RowDims dims = check_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd);
+  const std::int64_t n = dims.rows, c = dims.c;  // plain names: the lambdas below capture them
+  if (c == 0) return;
+  // The weight gradient first: dinp may alias dout.
+  if (dweight) {
+    dispatch_float(dout.dtype(), op, [&](auto g) {
+      dispatch_float(inp.dtype(), op, [&](auto x) {
+        using TG = decltype(g);
+        using TI = decltype(x);
+        rmsnorm_param_grad_kernel<TG, TI><<<col_blocks(c), dim3(32, kColRows), 0, stream_>>>(
+            AnyOut{dweight->data(), dweight->dtype()}, dout.as<TG>(), inp.as<TI>(),
+            rstd.as<float>(), n, c, accumulate);
+        CUDA_CHECK_LAUNCH();
+      });
+    });
+  }
+  if (n == 0) return;
+  dispatch_float(dinp.dtype(), op, [&](auto d) {
+    dispatch_float(dout.dtype(), op, [&](auto g) {
+      dispatch_float(inp.dtype(), op, [&](auto x) {
+        using TD = decltype(d);
+        using TG = decltype(g);
+        using TI = decltype(x);
+        rmsnorm_bwd_kernel<TD, TG, TI><<<grid_for_rows(n), kThreads, 0, stream_>>>(
+            dinp.as<TD>(), dout.as<TG>(), inp.as<TI>(), AnyIn{weight.data(), weight.dtype()},
+            rstd.as<float>(), n, c);
         CUDA_CHECK_LAUNCH();
       });
     });

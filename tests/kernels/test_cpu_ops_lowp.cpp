@@ -154,6 +154,39 @@ TEST_P(LowpTest, AttentionOps) {
       0.25 * dtype_eps(GetParam()));
 }
 
+TEST_P(LowpTest, LlamaOps) {
+  const int n = 6, c = 40, nh = 4, nkv = 2, hd = 16, t = 5;
+  auto x = rand_vec(n * c, 40, 2.0f), w = rand_vec(c, 41), g = rand_vec(n * c, 42);
+  const Arg rstd{{n}, {}, DType::F32};
+  // The 16-bit run also rounds x·rstd to the input's dtype before the weight (HF's order):
+  // one more rounding of eps/2 relative, within k = 2.
+  compare("rmsnorm", {{{n, c}, x}, {{c}, w}, {{n, c}, {}}, rstd}, {2, 3},
+          [](Ops& o, auto& ts) { o.rmsnorm_forward(ts[2], ts[3], ts[0], ts[1], 1e-5f); });
+  const std::vector<Arg> bwd{{{n, c}, x}, {{n, c}, g},  {{c}, w}, {{n, c}, {}},
+                             rstd,        {{n, c}, {}}, {{c}, {}}};
+  const OpFn rms_bwd = [](Ops& o, auto& ts) {
+    o.rmsnorm_forward(ts[3], ts[4], ts[0], ts[2], 1e-5f);
+    o.rmsnorm_backward(ts[5], &ts[6], ts[1], ts[0], ts[2], ts[4], false);
+  };
+  compare("rmsnorm_backward", bwd, {5}, rms_bwd);
+  // dweight sums g·(x·rstd rounded to 16 bits) over the rows: each term carries its rounding
+  // (|g| <= 1, |x·rstd| < 2 here), so the error bound is absolute, n terms of eps.
+  compare("rmsnorm_backward dweight", bwd, {6}, rms_bwd, n * dtype_eps(GetParam()));
+  const int qkv_n = 2 * t * (nh + 2 * nkv) * hd;
+  RopeConfig rope;
+  rope.theta = 500000.0;
+  rope.factor = 32.0;
+  compare("rope", {{{2, t, (nh + 2 * nkv) * hd}, rand_vec(qkv_n, 43)}}, {0},
+          [rope](Ops& o, auto& ts) { o.rope_forward(ts[0], nh, nkv, rope); });
+  compare("rope_backward", {{{2, t, (nh + 2 * nkv) * hd}, rand_vec(qkv_n, 44)}}, {0},
+          [rope](Ops& o, auto& ts) { o.rope_backward(ts[0], nh, nkv, rope); });
+  auto gate = rand_vec(n * c, 45, 4.0f);
+  compare("swiglu", {{{n, c}, gate}, {{n, c}, x}, {{n, c}, {}}}, {2},
+          [](Ops& o, auto& ts) { o.swiglu_forward(ts[2], ts[0], ts[1]); });
+  compare("swiglu_backward", {{{n, c}, gate}, {{n, c}, x}, {{n, c}, g}, {{n, c}, {}}, {{n, c}, {}}},
+          {3, 4}, [](Ops& o, auto& ts) { o.swiglu_backward(ts[3], ts[4], ts[2], ts[0], ts[1]); });
+}
+
 TEST_P(LowpTest, EmbeddingAndLoss) {
   const int b = 2, t = 3, c = 5, v = 7;
   const std::vector<float> tok{1, 6, 1, 0, 3, 1};

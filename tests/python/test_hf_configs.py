@@ -1,0 +1,69 @@
+"""The real Hugging Face config.json files in tests/models/fixtures/hf/ describe the published
+models: their parameter counts, by the layer shapes of HF's LlamaForCausalLM / GPT2LMHeadModel,
+equal the published ones exactly.
+
+Published counts (safetensors parameter totals on the Hugging Face Hub):
+  Meta-Llama-3-8B  8,030,261,248  (the issue's figure; the Hub's safetensors total)
+  Llama-3.2-1B     1,235,814,400  (the Hub's safetensors total; e.g. ModelCloud/GPTQModel's
+                                   tests/test_parameter_count.py checks a saved checkpoint to it)
+  Llama-3.2-3B     3,212,749,824  (the Hub API's safetensors.parameters.BF16 of
+                                   meta-llama/Llama-3.2-3B-Instruct, the same architecture)
+  gpt2               124,439,808  (openai-community/gpt2's safetensors total)
+"""
+import json
+import pathlib
+
+import pytest
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "models" / "fixtures" / "hf"
+
+PUBLISHED = {
+    "Llama-3.2-1B.json": 1_235_814_400,
+    "Llama-3.2-3B.json": 3_212_749_824,
+    "Meta-Llama-3-8B.json": 8_030_261_248,
+    "gpt2.json": 124_439_808,
+}
+
+
+def llama_params(c):
+    """LlamaForCausalLM: embed_tokens; per layer q, k, v, o (no bias unless attention_bias),
+    gate, up, down (mlp_bias), two RMSNorm weights; the final norm; lm_head unless tied."""
+    h, inter, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    nh = c["num_attention_heads"]
+    nkv = c.get("num_key_value_heads") or nh
+    hd = c.get("head_dim") or h // nh
+    attn_bias = c.get("attention_bias", False)
+    mlp_bias = c.get("mlp_bias", False)
+    q = h * nh * hd + (nh * hd if attn_bias else 0)
+    kv = 2 * (h * nkv * hd + (nkv * hd if attn_bias else 0))
+    o = nh * hd * h + (h if attn_bias else 0)
+    mlp = 2 * (h * inter + (inter if mlp_bias else 0)) + inter * h + (h if mlp_bias else 0)
+    per_layer = q + kv + o + mlp + 2 * h
+    embed = c["vocab_size"] * h
+    head = 0 if c.get("tie_word_embeddings", True) else c["vocab_size"] * h
+    return embed + layers * per_layer + h + head
+
+
+def gpt2_params(c):
+    """GPT2LMHeadModel: wte, wpe; per layer ln_1, c_attn, c_proj, ln_2, c_fc, c_proj (all with
+    biases); ln_f; lm_head tied to wte."""
+    d, inner = c["n_embd"], c.get("n_inner") or 4 * c["n_embd"]
+    attn = (d * 3 * d + 3 * d) + (d * d + d)
+    mlp = (d * inner + inner) + (inner * d + d)
+    per_layer = 2 * d + attn + 2 * d + mlp
+    return c["vocab_size"] * d + c["n_positions"] * d + c["n_layer"] * per_layer + 2 * d
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_count_is_the_published_one(name):
+    config = json.loads((FIXTURES / name).read_text())
+    count = gpt2_params(config) if config["model_type"] == "gpt2" else llama_params(config)
+    assert count == PUBLISHED[name]
+
+
+def test_llama3_point_x_configs_carry_llama3_rope_scaling():
+    for name in ("Llama-3.2-1B.json", "Llama-3.2-3B.json"):
+        scaling = json.loads((FIXTURES / name).read_text())["rope_scaling"]
+        assert scaling == {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                           "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    assert json.loads((FIXTURES / "Meta-Llama-3-8B.json").read_text())["rope_scaling"] is None
