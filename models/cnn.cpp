@@ -54,7 +54,8 @@ nlohmann::json CnnModel::hyper() const {
     widths.push_back(b.channels);
     strides.push_back(b.stride);
   }
-  return {{"image_size", cfg_.image_size},
+  return {{"family", family()},
+          {"image_size", cfg_.image_size},
           {"in_channels", 3},
           {"stem_channels", cfg_.stem_channels},
           {"widths", widths},

@@ -43,9 +43,13 @@ GptModel::GptModel(GptConfig cfg) : cfg_(std::move(cfg)) {
 }
 
 nlohmann::json GptModel::hyper() const {
-  return {{"n_layer", cfg_.n_layer},       {"n_head", cfg_.n_head},
-          {"n_embd", cfg_.n_embd},         {"vocab_size", cfg_.vocab_size},
-          {"block_size", cfg_.block_size}, {"seq_len", cfg_.block_size},
+  return {{"family", family()},
+          {"n_layer", cfg_.n_layer},
+          {"n_head", cfg_.n_head},
+          {"n_embd", cfg_.n_embd},
+          {"vocab_size", cfg_.vocab_size},
+          {"block_size", cfg_.block_size},
+          {"seq_len", cfg_.block_size},
           {"num_params", num_params()}};
 }
 

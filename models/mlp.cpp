@@ -28,11 +28,9 @@ nlohmann::json MlpModel::hyper() const {
   std::vector<int> sizes{cfg_.in_features};
   sizes.insert(sizes.end(), cfg_.hidden.begin(), cfg_.hidden.end());
   sizes.push_back(cfg_.classes);
-  return {{"in_features", cfg_.in_features},
-          {"hidden", cfg_.hidden},
-          {"classes", cfg_.classes},
-          {"layer_sizes", sizes},
-          {"num_params", num_params()}};
+  return {{"family", family()},    {"in_features", cfg_.in_features},
+          {"hidden", cfg_.hidden}, {"classes", cfg_.classes},
+          {"layer_sizes", sizes},  {"num_params", num_params()}};
 }
 
 void MlpModel::make_batch(std::uint64_t seed, std::int64_t first, std::int64_t batch,

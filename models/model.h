@@ -71,7 +71,7 @@ class Model {
   virtual ~Model() = default;
   virtual std::string name() const = 0;    // "gpt-tiny"
   virtual std::string family() const = 0;  // "gpt" | "mlp" | "cnn"
-  // Hyper-parameters as written to meta.json and results ("n_layer", "n_head", ...).
+  // Hyper-parameters as written to meta.json and results ("family", "n_layer", "n_head", ...).
   virtual nlohmann::json hyper() const = 0;
   virtual const std::vector<ParamSpec>& params() const = 0;
   virtual int num_blocks() const = 0;  // the unit of checkpointing and parameter streaming

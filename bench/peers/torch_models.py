@@ -206,3 +206,37 @@ def build(family, hyper):
     if family == "cnn":
         return CNN(**hyper)
     raise ValueError(f"no PyTorch twin for model family {family!r}")
+
+
+def make_optimizer(hyper, params):
+    """torch.optim for memtrade's resolved optimizer ("optimizer_hyper" of `run --list --json`
+    or a step dump's meta.json): the kind and every hyper-parameter come from memtrade, none is
+    chosen here."""
+    h, kind = hyper, hyper["kind"]
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=h["lr"], weight_decay=h["weight_decay"])
+    if kind == "sgd-momentum":
+        return torch.optim.SGD(params, lr=h["lr"], momentum=h["momentum"],
+                               dampening=h["dampening"], nesterov=h["nesterov"],
+                               weight_decay=h["weight_decay"])
+    if kind in ("adam", "adamw"):
+        cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
+        return cls(params, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
+                   weight_decay=h["weight_decay"])
+    if kind == "adagrad":
+        return torch.optim.Adagrad(params, lr=h["lr"], lr_decay=h["lr_decay"], eps=h["eps"],
+                                   weight_decay=h["weight_decay"],
+                                   initial_accumulator_value=h["initial_accumulator_value"])
+    if kind == "rmsprop":
+        return torch.optim.RMSprop(params, lr=h["lr"], alpha=h["alpha"], eps=h["eps"],
+                                   weight_decay=h["weight_decay"])
+    raise ValueError(f"no torch.optim counterpart for optimizer {kind!r}")
+
+
+def family_of(config):
+    """The twin family of a point: memtrade writes it into the hyper-parameters."""
+    family = (config.get("hyper") or {}).get("family")
+    if family is None:
+        raise ValueError(f"config of {config.get('model')!r} has no hyper.family "
+                         "(results from a memtrade before 0.2: rerun them)")
+    return family

@@ -19,6 +19,7 @@
 #include "harness/run/merge.h"
 #include "harness/run/point_child.h"
 #include "harness/run/results.h"
+#include "harness/run/step_dump.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/cuda_probe.h"
 #include "models/model.h"
@@ -126,9 +127,11 @@ int cmd_run(CLI::App& cmd, RunFlags& f) {
     // What a peer tool needs to run the same points: every axis resolved, defaults filled in.
     nlohmann::json points = nlohmann::json::array();
     for (const auto& p : g.points) {
+      const auto model = make_model(p.config.model);
       nlohmann::json config = config_json(p.config);
-      config["hyper"] = make_model(p.config.model)->hyper();
-      points.push_back({{"id", p.id}, {"config", config}});
+      config["hyper"] = model->hyper();
+      points.push_back(
+          {{"id", p.id}, {"config", config}, {"resolved", resolved_json(p.config, *model)}});
     }
     fmt::print("{}\n", nlohmann::json{{"grid", g.name},
                                       {"backend", backend},

@@ -8,6 +8,7 @@
 #include "harness/run/npy.h"
 #include "models/knobs.h"
 #include "models/saved_tensors.h"
+#include "models/optimizer.h"
 #include "models/trainer.h"
 
 namespace memtrade {
@@ -27,10 +28,18 @@ nlohmann::json optimizer_hyper_json(const OptimizerHyper& h) {
                         {"initial_accumulator_value", h.initial_accumulator_value}};
 }
 
-nlohmann::json checkpoint_plan_json(const CheckpointPlan& plan) {
+nlohmann::json resolved_json(const TrainConfig& cfg, const Model& model) {
+  const OptimizerHyper h = default_hyper(cfg.optimizer, model.family(), cfg.lr);
+  const CheckpointPlan plan = cfg.mode == Mode::train
+                                  ? CheckpointPlan::make(cfg.checkpoint, model.num_blocks())
+                                  : CheckpointPlan::none(model.num_blocks());
   nlohmann::json segments = nlohmann::json::array();
   for (const auto& seg : plan.segments) segments.push_back({seg.begin, seg.end, seg.recompute});
-  return {{"selective", plan.selective}, {"segments", segments}};
+  return {{"lr", h.lr},
+          {"optimizer_hyper", optimizer_hyper_json(h)},
+          {"checkpoint_plan", {{"selective", plan.selective}, {"segments", segments}}},
+          {"loss_scale_init", cfg.loss_scale_init},
+          {"loss_scale_growth_interval", cfg.loss_scale_growth_interval}};
 }
 
 void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
@@ -84,20 +93,15 @@ void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
 
   nlohmann::json meta;
   meta["schema"] = "memtrade.step/1";
-  // The one config serialiser (models/knobs.h), plus what the step resolved from it: the
-  // effective learning rate, the loss-scale settings and the checkpoint plan, so that a peer
-  // (bench/peers/) redoes exactly this step without re-implementing memtrade's rules.
+  // The one config serialiser (models/knobs.h), plus what memtrade resolved from it (the
+  // effective learning rate, the checkpoint plan, ...), so that a peer (bench/peers/) redoes
+  // exactly this step without re-implementing memtrade's rules.
   meta["config"] = config_json(cfg);
-  meta["config"]["lr"] = trainer.optimizer_hyper().lr;
-  meta["config"]["loss_scale_init"] = cfg.loss_scale_init;
-  meta["config"]["loss_scale_growth_interval"] = cfg.loss_scale_growth_interval;
-  meta["checkpoint_plan"] = checkpoint_plan_json(
-      cfg.mode == Mode::train ? CheckpointPlan::make(cfg.checkpoint, model.num_blocks())
-                              : CheckpointPlan::none(model.num_blocks()));
+  const nlohmann::json resolved = resolved_json(cfg, model);
+  for (const auto& [key, value] : resolved.items()) meta[key] = value;
   meta["hyper"] = model.hyper();
   meta["params"] = names;
   meta["shapes"] = shapes;
-  meta["optimizer_hyper"] = optimizer_hyper_json(trainer.optimizer_hyper());
   meta["loss"] = r.loss;
   meta["loss_scale"] = r.loss_scale;
   meta["skipped"] = r.skipped;

@@ -11,10 +11,11 @@
 //                                step overflowed and was skipped)
 //   DIR/params_after/<name>.npy  trainable parameters after the step, fp32
 //   DIR/meta.json                {"schema": "memtrade.step/1", "config": config_json (every
-//                                axis, seed) + the effective "lr" and the loss-scale settings,
-//                                "checkpoint_plan": the blocks recomputed, as segments,
+//                                axis, seed), the keys of resolved_json ("lr",
+//                                "optimizer_hyper", "checkpoint_plan", "loss_scale_init",
+//                                "loss_scale_growth_interval"),
 //                                "hyper": model.hyper(), "params": [names in order],
-//                                "shapes": {name: shape}, "optimizer_hyper": {...}, "loss",
+//                                "shapes": {name: shape}, "loss",
 //                                "loss_scale", "skipped", "device", "backend"}
 //
 // Only trainable parameters are written (batch-norm running stats are buffers); GPT's head is
@@ -38,9 +39,12 @@ namespace memtrade {
 void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
                      const std::filesystem::path& dir);
 
-// meta.json's "checkpoint_plan": {"selective": bool, "segments": [[begin, end, recompute], ...]}
-// (models/saved_tensors.h CheckpointPlan).
-nlohmann::json checkpoint_plan_json(const CheckpointPlan& plan);
+// What memtrade resolves from a config before it runs it, so that a peer (bench/peers/) runs the
+// same training without re-implementing memtrade's rules: {"lr": the effective learning rate,
+// "optimizer_hyper": {...}, "checkpoint_plan": {"selective": bool, "segments": [[begin, end,
+// recompute], ...]} (models/saved_tensors.h CheckpointPlan), "loss_scale_init",
+// "loss_scale_growth_interval"}. In the dump's meta.json and in `run --list --json`.
+nlohmann::json resolved_json(const TrainConfig& cfg, const Model& model);
 // meta.json's "optimizer_hyper": the OptimizerHyper fields by their torch.optim names.
 nlohmann::json optimizer_hyper_json(const OptimizerHyper& h);
 

@@ -113,26 +113,7 @@ def test_optimizer_step_matches_torch_optim(memtrade_bin, tmp_path, optimizer):
     params = {n: t.double().clone().requires_grad_(True) for n, t in load_params(out, meta).items()}
     for n, p in params.items():
         p.grad = torch.from_numpy(np.load(out / "grads" / f"{n}.npy")).double()
-    plist = list(params.values())
-    lr = h["lr"]
-    if optimizer == "sgd":
-        opt = torch.optim.SGD(plist, lr=lr, weight_decay=h["weight_decay"])
-    elif optimizer == "sgd-momentum":
-        opt = torch.optim.SGD(plist, lr=lr, momentum=h["momentum"], dampening=h["dampening"],
-                              nesterov=h["nesterov"], weight_decay=h["weight_decay"])
-    elif optimizer == "adam":
-        opt = torch.optim.Adam(plist, lr=lr, betas=(h["beta1"], h["beta2"]), eps=h["eps"],
-                               weight_decay=h["weight_decay"])
-    elif optimizer == "adamw":
-        opt = torch.optim.AdamW(plist, lr=lr, betas=(h["beta1"], h["beta2"]), eps=h["eps"],
-                                weight_decay=h["weight_decay"])
-    elif optimizer == "adagrad":
-        opt = torch.optim.Adagrad(plist, lr=lr, lr_decay=h["lr_decay"], eps=h["eps"],
-                                  weight_decay=h["weight_decay"],
-                                  initial_accumulator_value=h["initial_accumulator_value"])
-    else:
-        opt = torch.optim.RMSprop(plist, lr=lr, alpha=h["alpha"], eps=h["eps"],
-                                  weight_decay=h["weight_decay"])
+    opt = torch_models.make_optimizer(h, list(params.values()))
     opt.step()
     for n, p in params.items():
         got = np.load(out / "params_after" / f"{n}.npy")
