@@ -1,9 +1,11 @@
 // The memory model: predicts a point's peak memory and its breakdown without running it.
 //
 // It executes the Trainer's step on a *meta device*: the same Model, Trainer and knobs, whose
-// allocator is the real CachingAllocator (same rounding, pools, segments, splitting) over a
-// provider that hands out address space without memory, and whose ops do no arithmetic but
-// take the same scratch buffers as the backend's ops. Every layer's saved activations, every
+// allocators (device and pinned host memory) are the real CachingAllocator (same rounding,
+// pools, segments, splitting) over a provider that hands out address space without memory,
+// and whose ops do no arithmetic but take the same scratch buffers as the backend's ops. No
+// values exist (Device::holds_data is false): its cost grows with the number of allocations
+// a step makes, not with the parameter count or the batch. Every layer's saved activations, every
 // checkpoint/offload decision and every allocator rounding is therefore counted exactly as it
 // will happen; what it cannot see is library workspace that a vendor library decides at run
 // time (cuDNN algorithm workspace), which it bounds by the configured limit.
