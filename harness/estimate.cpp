@@ -1,5 +1,6 @@
 #include "harness/estimate.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "harness/point_runner.h"
@@ -101,6 +102,26 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   e.breakdown_at_peak = s.by_category_at_peak;
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return e;
+}
+
+std::int64_t largest_fitting_batch(TrainConfig cfg, Backend backend, std::size_t capacity,
+                                   std::int64_t limit) {
+  auto fits = [&](std::int64_t batch) {
+    cfg.batch_size = batch;
+    return estimate_memory(cfg, backend, capacity).fits;
+  };
+  if (!fits(1)) return 0;
+  std::int64_t lo = 1, hi = 2;
+  while (hi <= limit && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  hi = std::min(hi, limit + 1);
+  while (hi - lo > 1) {
+    std::int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
 }
 
 nlohmann::json estimate_json(const MemoryEstimate& e) {

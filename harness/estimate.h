@@ -37,6 +37,11 @@ struct MemoryEstimate {
 // steady state (optimizer state exists from the first step on).
 MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::size_t capacity,
                                int warmup = 1);
+// What `memtrade fit` searches: the largest batch size in [1, limit] whose estimate fits
+// `capacity` (0 when batch 1 does not), by doubling and then bisection, about 2·log2(batch)
+// estimates; cfg.batch_size is ignored.
+std::int64_t largest_fitting_batch(TrainConfig cfg, Backend backend, std::size_t capacity,
+                                   std::int64_t limit);
 nlohmann::json estimate_json(const MemoryEstimate& e);
 
 }  // namespace memtrade

@@ -182,27 +182,6 @@ int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json) {
   return 0;
 }
 
-// Largest batch size that fits: exponential then binary search on the estimate.
-std::int64_t largest_fitting_batch(TrainConfig cfg, Backend b, std::size_t capacity,
-                                   std::int64_t limit) {
-  auto fits = [&](std::int64_t batch) {
-    cfg.batch_size = batch;
-    return estimate_memory(cfg, b, capacity).fits;
-  };
-  if (!fits(1)) return 0;
-  std::int64_t lo = 1, hi = 2;
-  while (hi <= limit && fits(hi)) {
-    lo = hi;
-    hi *= 2;
-  }
-  hi = std::min(hi, limit + 1);
-  while (hi - lo > 1) {
-    std::int64_t mid = lo + (hi - lo) / 2;
-    (fits(mid) ? lo : hi) = mid;
-  }
-  return lo;
-}
-
 int cmd_fit(CLI::App& cmd, RunFlags& f, bool confirm, std::int64_t limit,
             const std::string& json_out) {
   if (f.knobs.capacity.empty()) throw BadInput("fit: --capacity is required (e.g. 24GiB or a10g)");
