@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "kernels/cpu/cpu_device.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda_probe.h"
 
 namespace memtrade {
@@ -46,6 +47,10 @@ void Device::count_transfer(CopyKind kind, std::size_t bytes) {
     case CopyKind::host_to_host:
       break;
   }
+}
+
+std::unique_ptr<Ops> Device::make_host_ops() const {
+  return make_cpu_ops();
 }
 
 void Device::upload(Tensor& dst, const void* host, std::size_t bytes, StreamKind stream) {

@@ -77,6 +77,16 @@ class Device {
   virtual void range_push(const char* /*name*/) {}
   virtual void range_pop() {}
 
+  // False for the memory model's meta device (harness/estimate.cpp), whose device and pinned
+  // memory are address space without bytes: code that would write or read them (parameter
+  // init, input batches, host staging) skips that work there but makes every allocation it
+  // would make, so the allocation sequence stays the real one.
+  virtual bool holds_data() const { return true; }
+  // Ops for tensors in pinned() memory, the host side of the offload modes: CPU ops (their
+  // scratch comes from the tensors' allocator, i.e. pinned memory); the meta device's take the
+  // same scratch and do no arithmetic.
+  virtual std::unique_ptr<Ops> make_host_ops() const;
+
   // ---- conveniences on top of the virtual interface -----------------------------------------
   Tensor empty(Shape shape, DType dtype, Category category) {
     return Tensor(memory(), std::move(shape), dtype, category);

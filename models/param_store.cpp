@@ -64,37 +64,46 @@ TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& 
   block_params_.resize(static_cast<std::size_t>(max_block + 1));
   block_depth_.assign(static_cast<std::size_t>(max_block + 1), 0);
 
+  // A device without data (the memory model's) gets the allocations alone: no values are
+  // drawn, nothing is written.
+  const bool init = dev_.holds_data();
   for (int i = 0; i < size(); ++i) {
     const ParamSpec& spec = specs_[static_cast<std::size_t>(i)];
     Slot& s = slots_[static_cast<std::size_t>(i)];
-    const std::vector<float> values = init_values(spec, seed, i);
+    const std::vector<float> values = init ? init_values(spec, seed, i) : std::vector<float>{};
+    auto on_device = [&](Tensor& t) {
+      if (init) dev_.from_host_f32(t, values);
+    };
+    auto on_host = [&](Tensor& t) {
+      if (init) write_host(t, values);
+    };
     if (!spec.trainable) {  // a buffer: F32, resident, mutated by forward
       s.weight = dev_.empty(spec.shape, DType::F32, Category::params);
-      dev_.from_host_f32(s.weight, values);
+      on_device(s.weight);
       continue;
     }
     if (streamed(i)) {
       block_params_[static_cast<std::size_t>(spec.block)].push_back(i);
     } else {
       s.weight = dev_.empty(spec.shape, place_.compute, Category::params);
-      dev_.from_host_f32(s.weight, values);
+      on_device(s.weight);
     }
     if (place_.stream_params()) {
       s.host_weight = dev_.empty_pinned(spec.shape, place_.compute, Category::params);
-      write_host(s.host_weight, values);
+      on_host(s.host_weight);
       if (place_.master) {
         s.master = dev_.empty_pinned(spec.shape, DType::F32, Category::master);
-        write_host(s.master, values);
+        on_host(s.master);
       }
     } else if (place_.offload == Offload::optimizer) {
       // fp32 has no master on the device, but the host update needs the parameters on the
       // host: the pinned copy plays the master's role (pure precision: in the 16-bit dtype).
       const DType dt = place_.master ? DType::F32 : place_.compute;
       s.master = dev_.empty_pinned(spec.shape, dt, Category::master);
-      write_host(s.master, values);
+      on_host(s.master);
     } else if (place_.master) {
       s.master = dev_.empty(spec.shape, DType::F32, Category::master);
-      dev_.from_host_f32(s.master, values);
+      on_device(s.master);
     }
   }
 }
@@ -246,6 +255,7 @@ void TrainerParamStore::finish_publish() {
 }
 
 std::vector<float> TrainerParamStore::read_f32(const Tensor& t) {
+  if (!dev_.holds_data()) throw std::logic_error("read_f32: the device holds no data");
   if (!on_host(t)) return dev_.to_host_f32(t);
   std::vector<float> out(static_cast<std::size_t>(t.numel()));
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = load_as_float(t.data(), t.dtype(), i);

@@ -45,6 +45,7 @@ struct ParamPlacement {
 class TrainerParamStore final : public ParamStore {
  public:
   // Allocates and initialises every copy (per spec.init_std, from `seed`); no gradients yet.
+  // On a device that does not hold data (Device::holds_data) it allocates only.
   TrainerParamStore(Device& dev, const std::vector<ParamSpec>& specs,
                     const ParamPlacement& placement, std::uint64_t seed);
 
@@ -84,7 +85,7 @@ class TrainerParamStore final : public ParamStore {
   const ParamSpec& spec(int index) const { return specs_.at(static_cast<std::size_t>(index)); }
   const ParamPlacement& placement() const { return place_; }
   std::vector<float> param_f32(int index);  // master if any, else the (host or device) weight
-  // fp32 values of a device or pinned-host tensor.
+  // fp32 values of a device or pinned-host tensor; std::logic_error on a device without data.
   std::vector<float> read_f32(const Tensor& t);
   bool on_host(const Tensor& t) const { return t.allocator() == &dev_.pinned(); }
 

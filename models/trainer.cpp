@@ -5,8 +5,6 @@
 
 #include <fmt/format.h>
 
-#include "kernels/cpu/cpu_ops.h"
-
 namespace memtrade {
 namespace {
 
@@ -45,7 +43,8 @@ Trainer::Trainer(Device& dev, Model& model, const TrainConfig& cfg)
       store_(dev, model.params(), ParamPlacement::from(cfg), cfg.seed),
       scaler_(uses_loss_scaling(cfg.precision), cfg.loss_scale_init,
               cfg.loss_scale_growth_interval) {
-  if (store_.placement().host_update() && cfg_.mode == Mode::train) host_ops_ = make_cpu_ops();
+  if (store_.placement().host_update() && cfg_.mode == Mode::train)
+    host_ops_ = dev_.make_host_ops();
   dev_.ops().set_tf32(cfg.precision == Precision::tf32);
   dev_.memory().set_phase("");
 }
@@ -55,24 +54,29 @@ Trainer::~Trainer() = default;
 Trainer::MicroBatch Trainer::stage(std::int64_t first) {
   Phase phase(dev_, "io");
   const std::int64_t B = cfg_.batch_size;
-  std::vector<float> inputs;
-  std::vector<std::int32_t> targets;
-  model_.make_batch(cfg_.seed, first, B, inputs, targets);
   const Shape in_shape = model_.input_shape(B);
   const Shape tgt_shape = model_.target_shape(B);
   const DType in_dtype = model_.input_dtype(run_.act_dtype);
-  if (static_cast<std::int64_t>(inputs.size()) != shape_numel(in_shape) ||
-      static_cast<std::int64_t>(targets.size()) != shape_numel(tgt_shape))
-    throw std::logic_error(fmt::format("{}: make_batch gave {} inputs / {} targets for {} / {}",
-                                       model_.name(), inputs.size(), targets.size(),
-                                       shape_str(in_shape), shape_str(tgt_shape)));
-  last_inputs_.insert(last_inputs_.end(), inputs.begin(), inputs.end());
-  last_targets_.insert(last_targets_.end(), targets.begin(), targets.end());
+  const auto in_numel = static_cast<std::size_t>(shape_numel(in_shape));
+  const auto tgt_numel = static_cast<std::size_t>(shape_numel(tgt_shape));
+  const std::size_t in_bytes = in_numel * dtype_size(in_dtype);
+  const std::size_t tgt_bytes = tgt_numel * sizeof(std::int32_t);
+  // A device without data (the memory model's) gets the buffers and copies, not the samples.
+  const bool data = dev_.holds_data();
+  std::vector<float> inputs;
+  std::vector<std::int32_t> targets;
+  if (data) {
+    model_.make_batch(cfg_.seed, first, B, inputs, targets);
+    if (inputs.size() != in_numel || targets.size() != tgt_numel)
+      throw std::logic_error(fmt::format("{}: make_batch gave {} inputs / {} targets for {} / {}",
+                                         model_.name(), inputs.size(), targets.size(),
+                                         shape_str(in_shape), shape_str(tgt_shape)));
+    last_inputs_.insert(last_inputs_.end(), inputs.begin(), inputs.end());
+    last_targets_.insert(last_targets_.end(), targets.begin(), targets.end());
+  }
 
   // Host staging: pinned buffers (category io on the pinned allocator) or plain pageable
   // vectors. Pinned ones stay alive until the step ends, when every copy has completed.
-  const std::size_t in_bytes = inputs.size() * dtype_size(in_dtype);
-  const std::size_t tgt_bytes = targets.size() * sizeof(std::int32_t);
   std::vector<unsigned char> pageable_in, pageable_tgt;
   void* host_in = nullptr;
   void* host_tgt = nullptr;
@@ -81,14 +85,16 @@ Trainer::MicroBatch Trainer::stage(std::int64_t first) {
     host_in = host_staging_.back().data();
     host_staging_.push_back(dev_.empty_pinned(tgt_shape, DType::I32, Category::io));
     host_tgt = host_staging_.back().data();
-  } else {
+  } else if (data) {
     pageable_in.resize(in_bytes);
     pageable_tgt.resize(tgt_bytes);
     host_in = pageable_in.data();
     host_tgt = pageable_tgt.data();
   }
-  for (std::size_t j = 0; j < inputs.size(); ++j) store_from_float(host_in, in_dtype, j, inputs[j]);
-  std::memcpy(host_tgt, targets.data(), tgt_bytes);
+  if (data) {
+    for (std::size_t j = 0; j < in_numel; ++j) store_from_float(host_in, in_dtype, j, inputs[j]);
+    std::memcpy(host_tgt, targets.data(), tgt_bytes);
+  }
 
   MicroBatch mb{dev_.empty(in_shape, in_dtype, Category::io),
                 dev_.empty(tgt_shape, DType::I32, Category::io)};

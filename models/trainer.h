@@ -64,7 +64,8 @@ class Trainer {
   // the last step's scale; empty if there is none.
   std::vector<float> grad_f32(int i);
   void set_capture_grads(bool on) { capture_grads_ = on; }
-  // The last step's whole effective batch (B·k samples; GPT token ids as floats).
+  // The last step's whole effective batch (B·k samples; GPT token ids as floats); empty on a
+  // device that holds no data, where no samples are made.
   const std::vector<float>& last_inputs() const { return last_inputs_; }
   const std::vector<std::int32_t>& last_targets() const { return last_targets_; }
 
@@ -91,7 +92,7 @@ class Trainer {
   OptimizerHyper hyper_;
   TrainerParamStore store_;
   LossScaler scaler_;
-  std::unique_ptr<Ops> host_ops_;         // CPU ops for the host update (offload)
+  std::unique_ptr<Ops> host_ops_;         // the device's ops on pinned memory (offload)
   std::unique_ptr<Optimizer> optimizer_;  // created at the first train step
   std::int64_t steps_ = 0;
   float last_scale_ = 1.0f;

@@ -1,7 +1,7 @@
 #include "harness/run/estimate.h"
 
+#include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "harness/run/point_runner.h"
 #include "kernels/cpu/cpu_device.h"
@@ -14,8 +14,10 @@ namespace {
 
 // Address space without memory: segments get distinct, aligned, never-touched addresses. The
 // CachingAllocator keeps its bookkeeping outside the blocks, so it never dereferences them.
+// `base` keeps the device's and the pinned allocator's ranges apart.
 class MetaProvider final : public RawProvider {
  public:
+  explicit MetaProvider(std::uintptr_t base) : next_(base) {}
   void* allocate(std::size_t bytes) override {
     std::uintptr_t p = next_;
     next_ += (bytes + kAlign - 1) / kAlign * kAlign + kAlign;  // a gap keeps segments apart
@@ -26,8 +28,11 @@ class MetaProvider final : public RawProvider {
 
  private:
   static constexpr std::uintptr_t kAlign = 2 * MiB;
-  std::uintptr_t next_ = std::uintptr_t{1} << 44;  // far from anything mapped
+  std::uintptr_t next_;
 };
+// Far from anything mapped, 2^44 B apart.
+constexpr std::uintptr_t kMetaDeviceBase = std::uintptr_t{1} << 44;
+constexpr std::uintptr_t kMetaPinnedBase = std::uintptr_t{2} << 44;
 
 class MetaEvent final : public Event {
  public:
@@ -36,15 +41,17 @@ class MetaEvent final : public Event {
   double seconds_since(const Event&) const override { return 0.0; }
 };
 
-// The device the memory model runs the step on. Device memory is meta; pinned host memory is
-// real (the Trainer writes staged batches and host-resident weights into it), and so is the
-// host-side arithmetic of the offload modes, which the Trainer runs with its own CPU ops.
+// The device the memory model runs the step on. Device and pinned host memory are both meta
+// (holds_data() is false: the Trainer allocates parameters, batches and host copies but writes
+// no values), device ops are the backend's dry run and the host-side ops of the offload modes
+// the CPU's, whose scratch lands on the pinned allocator as it would. Nothing costs time or
+// memory in proportion to the parameter count or the batch.
 class MetaDevice final : public Device {
  public:
   MetaDevice(Backend backend, std::size_t capacity)
       : backend_(backend),
-        memory_(std::make_unique<MetaProvider>(), capacity),
-        pinned_(std::make_unique<HostProvider>()),
+        memory_(std::make_unique<MetaProvider>(kMetaDeviceBase), capacity),
+        pinned_(std::make_unique<MetaProvider>(kMetaPinnedBase)),
         ops_(make_dry_run_ops(backend)) {}
 
   Backend backend() const override { return backend_; }
@@ -53,8 +60,9 @@ class MetaDevice final : public Device {
   CachingAllocator& memory() override { return memory_; }
   CachingAllocator& pinned() override { return pinned_; }
   Ops& ops() override { return *ops_; }
-  void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind, StreamKind) override {
-    if (kind == CopyKind::host_to_host && bytes > 0) std::memcpy(dst, src, bytes);
+  bool holds_data() const override { return false; }
+  std::unique_ptr<Ops> make_host_ops() const override { return make_dry_run_ops(Backend::cpu); }
+  void copy(void*, const void*, std::size_t bytes, CopyKind kind, StreamKind) override {
     count_transfer(kind, bytes);
   }
   void synchronize() override {}
@@ -94,6 +102,26 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   e.breakdown_at_peak = s.by_category_at_peak;
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return e;
+}
+
+std::int64_t largest_fitting_batch(TrainConfig cfg, Backend backend, std::size_t capacity,
+                                   std::int64_t limit) {
+  auto fits = [&](std::int64_t batch) {
+    cfg.batch_size = batch;
+    return estimate_memory(cfg, backend, capacity).fits;
+  };
+  if (!fits(1)) return 0;
+  std::int64_t lo = 1, hi = 2;
+  while (hi <= limit && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  hi = std::min(hi, limit + 1);
+  while (hi - lo > 1) {
+    std::int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
 }
 
 nlohmann::json estimate_json(const MemoryEstimate& e) {

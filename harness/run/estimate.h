@@ -1,9 +1,11 @@
 // The memory model: predicts a point's peak memory and its breakdown without running it.
 //
 // It executes the Trainer's step on a *meta device*: the same Model, Trainer and knobs, whose
-// allocator is the real CachingAllocator (same rounding, pools, segments, splitting) over a
-// provider that hands out address space without memory, and whose ops do no arithmetic but
-// take the same scratch buffers as the backend's ops. Every layer's saved activations, every
+// allocators (device and pinned host memory) are the real CachingAllocator (same rounding,
+// pools, segments, splitting) over a provider that hands out address space without memory,
+// and whose ops do no arithmetic but take the same scratch buffers as the backend's ops. No
+// values exist (Device::holds_data is false): its cost grows with the number of allocations
+// a step makes, not with the parameter count or the batch. Every layer's saved activations, every
 // checkpoint/offload decision and every allocator rounding is therefore counted exactly as it
 // will happen; what it cannot see is library workspace that a vendor library decides at run
 // time (cuDNN algorithm workspace), which it bounds by the configured limit.
@@ -35,6 +37,11 @@ struct MemoryEstimate {
 // steady state (optimizer state exists from the first step on).
 MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::size_t capacity,
                                int warmup = 1);
+// What `memtrade fit` searches: the largest batch size in [1, limit] whose estimate fits
+// `capacity` (0 when batch 1 does not), by doubling and then bisection, about 2·log2(batch)
+// estimates; cfg.batch_size is ignored.
+std::int64_t largest_fitting_batch(TrainConfig cfg, Backend backend, std::size_t capacity,
+                                   std::int64_t limit);
 nlohmann::json estimate_json(const MemoryEstimate& e);
 
 }  // namespace memtrade

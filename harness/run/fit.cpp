@@ -7,26 +7,6 @@
 
 namespace memtrade {
 
-std::int64_t largest_fitting_batch(TrainConfig cfg, Backend b, std::size_t capacity,
-                                   std::int64_t limit) {
-  auto fits = [&](std::int64_t batch) {
-    cfg.batch_size = batch;
-    return estimate_memory(cfg, b, capacity).fits;
-  };
-  if (!fits(1)) return 0;
-  std::int64_t lo = 1, hi = 2;
-  while (hi <= limit && fits(hi)) {
-    lo = hi;
-    hi *= 2;
-  }
-  hi = std::min(hi, limit + 1);
-  while (hi - lo > 1) {
-    std::int64_t mid = lo + (hi - lo) / 2;
-    (fits(mid) ? lo : hi) = mid;
-  }
-  return lo;
-}
-
 nlohmann::json FitRow::to_json(std::size_t capacity) const {
   nlohmann::json row = {{"id", id},
                         {"config", config_json(config)},

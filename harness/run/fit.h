@@ -33,8 +33,6 @@ struct FitRow {
   nlohmann::json to_json(std::size_t capacity) const;  // a row of schema memtrade.fit/1
 };
 
-std::int64_t largest_fitting_batch(TrainConfig cfg, Backend b, std::size_t capacity,
-                                   std::int64_t limit);
 // One row per distinct knob combination of `points` (batch size is what fit searches).
 std::vector<FitRow> fit_points(const std::vector<GridPoint>& points, const FitOptions& o);
 

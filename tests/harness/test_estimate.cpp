@@ -1,9 +1,12 @@
 // The memory model for a CUDA target: the backend-neutral allocations of the CPU model plus the
 // CUDA ops' persistent cuBLASLt workspace, and none of the CPU's workspace (fp32 copies of
 // 16-bit GEMM operands, im2col). Runs anywhere: the model's device is address space only.
+// And the figures of a covering set of knob settings, held byte for byte to a recorded fixture.
 #include <gtest/gtest.h>
 
+#include "fixtures/gate_fixtures.h"
 #include "harness/run/estimate.h"
+#include "harness/run/grid.h"
 #include "kernels/cuda_workspace.h"
 #include "models/config.h"
 
@@ -47,6 +50,33 @@ TEST(EstimateCuda, SixteenBitAndConvNeedNoCpuWorkspace) {
     const MemoryEstimate cuda = estimate_memory(cfg, Backend::cuda, 0);
     EXPECT_GT(cpu.breakdown_at_peak[kWs], 0) << model << ": the CPU copies 16-bit operands";
     EXPECT_EQ(cuda.breakdown_at_peak[kWs], ws) << model;
+  }
+}
+
+// Every figure of estimate_json() (peaks, host_pinned_peak, all eight categories at the peak,
+// fits, the OOM message) for the knob settings of tests/harness/fixtures/estimate_fixture.json:
+// every pair of values of any two knobs, the triples that decide where parameters, grads and
+// optimizer state live, OOMs, bigger models, on both targets. The fixture is what `memtrade
+// estimate` printed before the meta device stopped doing data work (make_estimate_fixture.py):
+// how fast the estimate runs must not change what it says.
+TEST(EstimateFixture, EveryFigureIsAsRecorded) {
+  const auto fixture = testing::json::parse(testing::read_file(
+      std::string(MEMTRADE_SOURCE_DIR) + "/tests/harness/fixtures/estimate_fixture.json"));
+  const auto& points = fixture.at("points");
+  ASSERT_GE(points.size(), 150u);
+  for (const auto& p : points) {
+    const TrainConfig cfg = config_from_json(p.at("config"));
+    const std::string id = p.at("id");
+    ASSERT_EQ(point_id(cfg), id);  // the config round-trips: the point is the one recorded
+    const std::string backend = p.at("backend"), capacity_text = p.at("capacity");
+    const std::size_t capacity = capacity_text.empty() ? 0 : parse_capacity(capacity_text).value();
+    const MemoryEstimate e =
+        estimate_memory(cfg, backend == "cuda" ? Backend::cuda : Backend::cpu, capacity);
+    testing::json got = estimate_json(e);
+    got.erase("seconds");
+    testing::json want = p;
+    for (const char* k : {"backend", "capacity", "config", "id"}) want.erase(k);
+    EXPECT_EQ(got, want) << backend << " " << id << ": " << testing::json::diff(want, got).dump();
   }
 }
 
