@@ -67,6 +67,7 @@ std::vector<Knob> make_table() {
   model.name = "model";
   model.flag = "--model";
   model.type = KnobType::text;
+  model.workload = true;
   model.help = "The network (see `memtrade knobs`: gpt-*, mlp-*, cnn-*)";
   model.choices = [] { return model_names(); };
   model.get = [](const TrainConfig& c) { return c.model; };
@@ -81,6 +82,7 @@ std::vector<Knob> make_table() {
 
   t.push_back(count_knob("batch_size", "--batch-size", "b", "Samples per micro-batch",
                          &TrainConfig::batch_size, {"1", "8"}));
+  t.back().workload = true;
   t.push_back(count_knob("accumulation", "--accumulation", "a",
                          "Micro-batches per optimizer step (gradient accumulation)",
                          &TrainConfig::accumulation, {"1", "4"}));
@@ -243,6 +245,7 @@ nlohmann::json knobs_json() {
         {"id_prefix", k.id_prefix},
         {"id_rule", kIdRules[static_cast<int>(k.id_rule)]},
         {"type", kTypes[static_cast<int>(k.type)]},
+        {"workload", k.workload},
         {"default",
          k.type == KnobType::integer ? nlohmann::json(std::stoll(def)) : nlohmann::json(def)},
         {"choices", choices.empty() ? nlohmann::json(nullptr) : nlohmann::json(choices)},

@@ -53,6 +53,9 @@ struct Knob {
   std::string id_prefix;  // "b" -> "b8"; "" -> "fp32"; "off-" -> "off-none"
   IdRule id_rule = IdRule::always;
   KnobType type = KnobType::text;
+  // What is trained rather than how (model, batch size): a model's default point may have any
+  // value of a workload axis, every other axis at its default (the reports' baseline rule).
+  bool workload = false;
   std::string help;         // one line, for --help and the docs' knob table
   std::string values_text;  // what is accepted, in words (for open-ended axes)
   // The accepted values for a closed set (empty for open-ended axes such as batch_size).
@@ -99,7 +102,7 @@ nlohmann::json config_json(const TrainConfig& c);
 TrainConfig config_from_json(const nlohmann::json& j);
 
 // The table as JSON (`memtrade knobs --json`, and meta.knobs of every results file):
-// [{"name", "flag", "id_prefix", "id_rule", "type", "default", "choices" (or null),
+// [{"name", "flag", "id_prefix", "id_rule", "type", "workload", "default", "choices" (or null),
 //   "examples", "values", "help"}, ...].
 nlohmann::json knobs_json();
 

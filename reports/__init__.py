@@ -14,6 +14,7 @@ import sys
 from typing import Callable, Sequence
 
 from . import charts as C
+from . import knobs
 from . import load
 from .page import write_page
 
@@ -33,6 +34,10 @@ def build_report(results: Sequence[str], outdir: str | pathlib.Path, *, baseline
     base = load.load_results(baseline) if baseline else None
     hist = load.load_history(history) if history else None
     trs = [load.load_trace(t) for t in traces]
+    try:
+        knobs.use_meta(*(d["meta"] for d in docs), *([base["meta"]] if base else []))
+    except knobs.NoTable as e:
+        raise load.InputError(f"{results[0]}: {e}") from None
     if baseline_point and not any(p["id"] == baseline_point for p in doc["points"]):
         raise load.InputError(f"--baseline-point {baseline_point!r} is not a point id in the results")
     pts, meta = doc["points"], doc["meta"]

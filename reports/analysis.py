@@ -10,35 +10,21 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
-# Grid axes that define a point (besides hyper-parameters and seed), in label order.
-KNOBS = (
-    "model",
-    "precision",
-    "checkpoint",
-    "optimizer",
-    "offload",
-    "zero_grad",
-    "mode",
-    "empty_cache",
-    "input",
-    "accumulation",
-    "batch_size",
-)
+from . import knobs as K
 
-# The default value of each knob; the default baseline point has all of them (any batch size).
-DEFAULTS = {
-    "accumulation": 1,
-    "precision": "fp32",
-    "checkpoint": "0",
-    "optimizer": "adam",
-    "offload": "none",
-    "zero_grad": "set_to_none",
-    "mode": "train",
-    "empty_cache": "never",
-    "input": "pinned",
-}
-
+# Allocator categories in stacking order (kernels/allocator.h); a breakdown may hold more (a newer
+# memtrade): categories() appends them.
 CATEGORIES = ("params", "master", "grads", "optimizer", "activations", "temporaries", "workspace", "io")
+
+
+def categories(breakdowns: Iterable[dict]) -> list[str]:
+    """CATEGORIES, then any other category the breakdowns have, in first-seen order."""
+    out = list(CATEGORIES)
+    for b in breakdowns:
+        for c in (b or {}):
+            if c not in out:
+                out.append(c)
+    return out
 
 # Capacity presets (GiB) for the batch-size chart: common card sizes.
 CAPACITY_PRESETS_GIB = (16, 24, 40, 80, 141)
@@ -104,83 +90,62 @@ def checkpoint_density(value: Any) -> float | None:
 
 
 def knob_value(config: dict, knob: str) -> Any:
-    v = config.get(knob, DEFAULTS.get(knob))
-    if knob == "checkpoint":
-        return norm_checkpoint(v if v is not None else "0")
+    """The value of an axis in a config, its default where the file predates the axis."""
+    v = config.get(knob, K.default(knob))
+    if K.row(knob)["type"] == "density":
+        return norm_checkpoint(v)
     return v
 
 
+def _default_norm(knob: str) -> Any:
+    v = K.default(knob)
+    return norm_checkpoint(v) if K.row(knob)["type"] == "density" else v
+
+
 def knob_tuple(config: dict, exclude: Sequence[str] = ()) -> tuple:
-    return tuple(knob_value(config, k) for k in KNOBS if k not in exclude)
+    return tuple(knob_value(config, k) for k in K.names() if k not in exclude)
+
+
+def setting_knobs() -> list[str]:
+    """The axes that say how a workload is trained (every axis but the workload ones)."""
+    return [k for k in K.names() if not K.is_workload(k)]
 
 
 # ---------------------------------------------------------------------------------------------
 # Labels
 
 
-_OPT_SHORT = {"sgd-momentum": "sgdm"}
-_OFF_SHORT = {"none": "off-none", "activations": "off-act", "optimizer": "off-opt", "params": "off-par"}
-_ZG_SHORT = {"set_to_none": "zg-none", "zero": "zg-zero"}
-_EC_SHORT = {"never": "ec-never", "per_step": "ec-step"}
-_CK_SHORT = {"selective": "sel"}
-
-
 def short_value(knob: str, value: Any) -> str:
-    """Short label of one knob value: "bf16", "ck0.5", "off-act", "b8", "a4"."""
-    if knob == "checkpoint":
-        v = norm_checkpoint(value)
-        return "ck" + _CK_SHORT.get(v, v)
-    if knob == "optimizer":
-        return _OPT_SHORT.get(str(value), str(value))
-    if knob == "offload":
-        return _OFF_SHORT.get(str(value), f"off-{value}")
-    if knob == "zero_grad":
-        return _ZG_SHORT.get(str(value), f"zg-{value}")
-    if knob == "empty_cache":
-        return _EC_SHORT.get(str(value), f"ec-{value}")
-    if knob == "batch_size":
-        return f"b{value}"
-    if knob == "accumulation":
-        return f"a{value}"
-    return str(value)
+    """One axis value as in point ids: "bf16", "ck0.5", "off-activations", "b8", "a4"."""
+    v = norm_checkpoint(value) if K.row(knob)["type"] == "density" else value
+    return f"{K.prefix(knob)}{v}"
 
 
 def varying_knobs(points: Iterable[dict]) -> list[str]:
     """Knobs that take more than one value among the points (in label order)."""
-    seen: dict[str, set] = {k: set() for k in KNOBS}
+    seen: dict[str, set] = {k: set() for k in K.names()}
     for p in points:
         cfg = p.get("config") or {}
-        for k in KNOBS:
+        for k in K.names():
             seen[k].add(str(knob_value(cfg, k)))
-    return [k for k in KNOBS if len(seen[k]) > 1]
+    return [k for k in K.names() if len(seen[k]) > 1]
 
 
 def short_label(config: dict, knobs: Sequence[str] | None = None) -> str:
-    """Label such as "bf16 ck0.5 adam b8" from the given knobs (default: every knob but defaults).
-
-    With knobs=None the model, precision, checkpoint, optimizer and batch are always shown and
-    the other knobs only where they differ from their default.
-    """
+    """Label such as "gpt-mini b8 bf16 ck0.5" from the given axes, in id order (default: the
+    workload axes and every axis not at its default, so a label names every knob turned)."""
     if knobs is None:
-        always = ("model", "precision", "checkpoint", "optimizer", "batch_size")
-        knobs = [k for k in KNOBS if k in always or knob_value(config, k) != _default_norm(k)]
-    parts = [short_value(k, knob_value(config, k)) for k in KNOBS if k in knobs]
+        knobs = [k for k in K.names()
+                 if K.is_workload(k) or knob_value(config, k) != _default_norm(k)]
+    parts = [short_value(k, knob_value(config, k)) for k in K.names() if k in knobs]
     return " ".join(parts) if parts else str(config.get("model", "?"))
 
 
-def _default_norm(knob: str) -> Any:
-    v = DEFAULTS.get(knob)
-    return norm_checkpoint(v) if knob == "checkpoint" else v
-
-
-CORE_KNOBS = ("model", "precision", "checkpoint", "optimizer", "batch_size")
-
-
 def compact_label(config: dict, varying: Sequence[str]) -> str:
-    """Label showing the knobs that vary in the set: model/precision/checkpoint/optimizer/batch
-    always when they vary, other knobs only where this point is not at the default
-    (so "fp32 ck0 adam b8" and "fp32 ck0 adam off-act b8", not "... off-none zg-none ec-never")."""
-    ks = [k for k in varying if k in CORE_KNOBS or knob_value(config, k) != _default_norm(k)]
+    """Label within a set of points: of the axes that vary in the set, the workload ones always
+    and the others where this point is not at the default (so "b8" and "b8 off-activations", not
+    "b8 off-none zg-set_to_none ...")."""
+    ks = [k for k in varying if K.is_workload(k) or knob_value(config, k) != _default_norm(k)]
     return short_label(config, ks) if ks else str(config.get("model", "?"))
 
 
@@ -235,14 +200,14 @@ def pareto_front(points: Sequence[Any]) -> list[int]:
 
 def is_default_point(point: dict) -> bool:
     cfg = point.get("config") or {}
-    return all(knob_value(cfg, k) == _default_norm(k) for k in DEFAULTS)
+    return all(knob_value(cfg, k) == _default_norm(k) for k in setting_knobs())
 
 
 def default_baselines(points: Sequence[dict]) -> dict[str, dict]:
     """The default baseline point of each model.
 
-    Rule: among the model's ok points with every knob at its default (fp32, ck0, adam, offload
-    none, set_to_none, train, empty_cache never, pinned input, accumulation 1), take the one whose
+    Rule: among the model's ok points with every setting axis at its default (the knob table's
+    defaults; any value of the workload axes), take the one whose
     batch size has the most ok points of that model (ties: the smaller batch). Models without
     such a point have no baseline.
     """
@@ -270,7 +235,7 @@ def _num(x: Any) -> float:
 
 def differing_knobs(a: dict, b: dict) -> list[str]:
     ca, cb = a.get("config") or {}, b.get("config") or {}
-    return [k for k in KNOBS if knob_value(ca, k) != knob_value(cb, k)]
+    return [k for k in K.names() if knob_value(ca, k) != knob_value(cb, k)]
 
 
 def knob_effects(points: Sequence[dict], baseline: dict | None) -> list[dict]:
@@ -310,7 +275,7 @@ def knob_effects(points: Sequence[dict], baseline: dict | None) -> list[dict]:
             "mem_saved_pct": 100.0 * (bm - peak(p)) / bm if ok and bm else None,
             "thr_lost_pct": 100.0 * (bt - throughput(p)) / bt if ok and bt else None,
         })
-    order = {k: i for i, k in enumerate(KNOBS)}
+    order = {k: i for i, k in enumerate(K.names())}
     rows.sort(key=lambda r: (order[r["knob"]],
                              -(r["mem_saved_pct"] if r["mem_saved_pct"] is not None else -math.inf)))
     return rows
@@ -341,7 +306,7 @@ def groups_varying(points: Sequence[dict], knob: str, min_values: int = 2) -> li
 
     def nondefault(pts: list[dict]) -> int:
         cfg = pts[0]["config"]
-        return sum(knob_value(cfg, k) != _default_norm(k) for k in DEFAULTS if k != knob)
+        return sum(knob_value(cfg, k) != _default_norm(k) for k in setting_knobs() if k != knob)
 
     out.sort(key=lambda g: (nondefault(g), -len(g), str(g[0]["config"].get("model"))))
     return out

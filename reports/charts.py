@@ -252,11 +252,8 @@ def frontier(points: Sequence[dict], meta: dict, outdir: pathlib.Path, formats: 
 
 
 def _front_knobs(front: Sequence[dict]) -> list[str]:
-    """Knobs for Pareto labels: precision, checkpoint, optimizer and batch always, others only
-    where they vary along the front."""
-    core = {"precision", "checkpoint", "optimizer", "batch_size"}
-    vary = set(A.varying_knobs(front)) - {"model"}
-    return [k for k in A.KNOBS if k in core or k in vary]
+    """Axes for Pareto labels: those that vary along the front (the model has its colour)."""
+    return [k for k in A.varying_knobs(front) if k != "model"]
 
 
 def _fmt_time(s: float | None) -> str:
@@ -337,10 +334,10 @@ def knob_effects(points: Sequence[dict], outdir: pathlib.Path, formats: Sequence
     for b in baselines.values():
         chart.notes.append(f"Baseline {b['id']}: peak {A.fmt_bytes(A.peak(b))}, "
                            f"{_n(A.throughput(b))} samples/s.")
+    defaults = ", ".join(A.short_value(k, A.K.default(k)) for k in A.setting_knobs())
     chart.notes.append("Baseline rule: --baseline-point if given, else per model the ok point with every knob "
-                       "at its default (fp32, ck0, adam, offload none, set_to_none, train, empty_cache never, "
-                       "pinned input, accumulation 1) at the batch size with the most ok points of that model. "
-                       "Each row is a point that differs from it in exactly one knob.")
+                       f"at its default ({defaults}) at the batch size with the most ok points of that "
+                       "model. Each row is a point that differs from it in exactly one knob.")
     chart.files = _save(fig, outdir, key, formats)
     return chart
 
@@ -363,11 +360,7 @@ def breakdown(points: Sequence[dict], outdir: pathlib.Path, formats: Sequence[st
         chosen = [p for p in pts if id(p) in keep][:MAX_BARS] + [rest[int(i * step)] for i in range(need)]
         pts = chosen
     pts = sorted(pts, key=A.peak)
-    cats = [c for c in A.CATEGORIES]
-    for p in pts:
-        for c in p["memory"]["breakdown_at_peak"]:
-            if c not in cats:
-                cats.append(c)
+    cats = A.categories(p["memory"]["breakdown_at_peak"] for p in pts)
     cats = [c for c in cats if any(p["memory"]["breakdown_at_peak"].get(c) for p in pts)]
     unit, div = A.memory_unit(max(A.peak(p) for p in pts))
     lk = A.label_knobs(pts)

@@ -14,7 +14,6 @@ from typing import Any
 
 RESULTS_SCHEMA = "memtrade.results/1"
 TRACE_SCHEMA = "memtrade.trace/1"
-STATUSES = ("ok", "oom", "error", "timeout", "skipped")
 
 
 class InputError(Exception):
@@ -37,12 +36,7 @@ def _read_json(path: str | pathlib.Path) -> Any:
         raise InputError(f"{p}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+SCHEMA_DIR = pathlib.Path(__file__).resolve().parents[1] / "schemas"
 
 
 def _check_schema(path: Any, doc: Any, expected: str) -> None:
@@ -54,61 +48,41 @@ def _check_schema(path: Any, doc: Any, expected: str) -> None:
         raise InputError(f"{path}: schema is {schema!r}, expected {expected!r}")
 
 
+def _validator(kind: str):
+    """The JSON Schema of a memtrade file kind (schemas/<kind>.schema.json): the one statement of
+    each contract, shared with the tests."""
+    import jsonschema
+
+    schema = json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _where(error) -> str:
+    """'points[3].memory.peak_allocated' from a validation error's path."""
+    out = ""
+    for k in error.absolute_path:
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
+    return out or "document"
+
+
+def _check(path: Any, doc: Any, kind: str, expected: str) -> None:
+    _check_schema(path, doc, expected)
+    errors = list(_validator(kind).iter_errors(doc))
+    if errors:
+        import jsonschema
+
+        e = jsonschema.exceptions.best_match(errors)
+        raise InputError(f"{path}: {_where(e)}: {e.message}")
+
+
 def validate_results(doc: Any, path: Any = "<results>") -> dict:
-    """Check a results document against memtrade.results/1; returns it (points normalised:
-    missing optional sections become None)."""
-    _check_schema(path, doc, RESULTS_SCHEMA)
-    meta = doc.get("meta")
-    if meta is None:
-        meta = doc["meta"] = {}
-    if not isinstance(meta, dict):
-        raise InputError(f"{path}: \"meta\" must be an object")
-    cap = meta.get("capacity")
-    if cap is not None and not _is_num(cap):
-        raise InputError(f"{path}: meta.capacity must be a number of bytes or null, got {cap!r}")
-    points = doc.get("points")
-    if not isinstance(points, list):
-        raise InputError(f"{path}: \"points\" must be a list")
-    for i, p in enumerate(points):
-        where = f"{path}: points[{i}]"
-        if not isinstance(p, dict):
-            raise InputError(f"{where}: expected an object")
-        if not isinstance(p.get("id"), str):
-            raise InputError(f"{where}.id: expected a string")
-        where = f"{path}: point {p['id']!r}"
-        if not isinstance(p.get("config"), dict):
-            raise InputError(f"{where}: \"config\" must be an object")
-        cfg = p["config"]
-        if not isinstance(cfg.get("model"), str):
-            raise InputError(f"{where}: config.model must be a string")
-        if not _is_int(cfg.get("batch_size")) or cfg["batch_size"] < 1:
-            raise InputError(f"{where}: config.batch_size must be a positive integer")
-        if p.get("status") not in STATUSES:
-            raise InputError(f"{where}: status {p.get('status')!r} is not one of {', '.join(STATUSES)}")
+    """Check a results document against schemas/results.schema.json; returns it with missing
+    optional sections of every point set to None."""
+    _check(path, doc, "results", RESULTS_SCHEMA)
+    for p in doc["points"]:
         for sec in ("memory", "time", "throughput", "train", "transfer"):
-            if p.get(sec) is not None and not isinstance(p[sec], dict):
-                raise InputError(f"{where}: \"{sec}\" must be an object or null")
             p.setdefault(sec, None)
-        if p["status"] == "ok":
-            _require(where, p, ("memory", "peak_allocated"), _is_int, "an integer number of bytes")
-            _require(where, p, ("throughput", "samples_per_s"), _is_num, "a number")
-            _require(where, p, ("time", "median_s"), _is_num, "a number of seconds")
-            bd = p["memory"].get("breakdown_at_peak")
-            if bd is not None:
-                if not isinstance(bd, dict) or not all(_is_num(v) for v in bd.values()):
-                    raise InputError(f"{where}: memory.breakdown_at_peak must map categories to bytes")
-            pp = p["memory"].get("predicted_peak")
-            if pp is not None and not _is_num(pp):
-                raise InputError(f"{where}: memory.predicted_peak must be bytes or null")
     return doc
-
-
-def _require(where: str, p: dict, keys: tuple[str, ...], pred, what: str) -> None:
-    d: Any = p
-    for k in keys:
-        d = d.get(k) if isinstance(d, dict) else None
-    if not pred(d):
-        raise InputError(f"{where}: {'.'.join(keys)} must be {what} for an ok point, got {d!r}")
 
 
 def load_results(path: str | pathlib.Path) -> dict:
@@ -139,18 +113,7 @@ def merge_results(docs: list[dict]) -> dict:
 
 def load_trace(path: str | pathlib.Path) -> dict:
     doc = _read_json(path)
-    _check_schema(path, doc, TRACE_SCHEMA)
-    events = doc.get("events")
-    if not isinstance(events, list):
-        raise InputError(f"{path}: \"events\" must be a list")
-    for i, e in enumerate(events):
-        if not isinstance(e, dict):
-            raise InputError(f"{path}: events[{i}]: expected an object")
-        if e.get("kind") not in ("alloc", "free", "segment_alloc", "segment_free", "oom"):
-            raise InputError(f"{path}: events[{i}].kind {e.get('kind')!r} is not alloc, free, "
-                             f"segment_alloc, segment_free or oom")
-        if e.get("kind") in ("alloc", "free") and not _is_int(e.get("bytes")):
-            raise InputError(f"{path}: events[{i}].bytes must be an integer")
+    _check(path, doc, "trace", TRACE_SCHEMA)
     doc["_path"] = str(path)
     return doc
 

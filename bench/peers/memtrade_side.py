@@ -1,7 +1,6 @@
-"""memtrade's side of the saved-bytes comparison: run it, read its step dump and trace.
-
-Nothing of memtrade is re-implemented here except `fallback_checkpoint_plan` (marked below),
-which goes once meta.json carries `checkpoint_plan`.
+"""memtrade's side of the peers: run it, list its points as it resolves them, read its step
+dumps and traces. Nothing of memtrade is re-implemented here: ids, defaults, learning rates and
+checkpoint plans all come from the binary (`run --list --json`, `knobs --json`, meta.json).
 """
 import json
 import pathlib
@@ -108,35 +107,52 @@ def activations_at_end_of_forward(trace):
     return {"bytes": live, "requested": requested if start == 0 else None, "event": end}
 
 
-# ---- FALLBACK: delete once meta.json carries "checkpoint_plan" ---------------------------------
-def fallback_checkpoint_plan(checkpoint, n):
-    """memtrade's CheckpointPlan::make for dumps without meta["checkpoint_plan"], through the
-    peer's transcription (torch_step.checkpoint_plan): {"selective", "segments"}."""
-    import torch_step
+def checkpoint_plan(resolved, n_blocks):
+    """memtrade's checkpoint plan, as it resolved it (`checkpoint_plan` of a dump's meta.json or
+    of a point of `run --list --json`): {"selective": bool, "segments": [[begin, end,
+    recompute], ...]}, checked to cover the blocks in order."""
+    plan = resolved.get("checkpoint_plan")
+    segs = plan.get("segments") if isinstance(plan, dict) else None
+    if not isinstance(segs, list) or any(len(s) != 3 for s in segs):
+        raise BadInput("checkpoint_plan: expected {\"selective\": bool, "
+                       "\"segments\": [[begin, end, recompute], ...]} (a memtrade before 0.2?)")
+    covered = [b for s in segs for b in range(int(s[0]), int(s[1]))]
+    if covered != list(range(n_blocks)):
+        raise BadInput(f"checkpoint_plan: segments do not cover blocks 0..{n_blocks - 1} in order")
+    return plan
 
-    if str(checkpoint) == "selective":
-        return {"selective": True, "segments": [[i, i + 1, False] for i in range(n)]}
+
+# ---- points as memtrade resolves them ----------------------------------------------------------
+
+def run_output(binary, args, what):
+    """stdout of `binary args...`; a failure is BadInput carrying memtrade's own last line."""
     try:
-        segments = torch_step.checkpoint_plan(str(checkpoint), n)
-    except (torch_step.BadInput, ValueError) as e:
-        raise BadInput(f"checkpoint {checkpoint!r}: {e}") from None
-    return {"selective": False, "segments": [list(s) for s in segments]}
-# ---- end of FALLBACK ---------------------------------------------------------------------------
+        r = subprocess.run([str(binary), *args], capture_output=True, text=True)
+    except OSError as e:
+        raise BadInput(f"cannot run {binary}: {e}") from None
+    if r.returncode != 0:
+        out = r.stderr.strip() or r.stdout.strip() or f"exit code {r.returncode}"
+        raise BadInput(f"memtrade {what} failed: {out.splitlines()[-1]}")
+    return r.stdout
 
 
-def checkpoint_plan(meta_or_config, n_blocks):
-    """The plan from a dump's meta.json (`checkpoint_plan`), else from the fallback above.
-    Returns (plan, source) with source "meta.json" or "fallback"."""
-    plan = meta_or_config.get("checkpoint_plan")
-    if plan is not None:
-        segs = plan.get("segments") if isinstance(plan, dict) else None
-        if not isinstance(segs, list) or any(len(s) != 3 for s in segs):
-            raise BadInput("meta.json checkpoint_plan: expected {\"selective\": bool, "
-                           "\"segments\": [[begin, end, recompute], ...]}")
-        covered = [b for s in segs for b in range(int(s[0]), int(s[1]))]
-        if covered != list(range(n_blocks)):
-            raise BadInput(f"meta.json checkpoint_plan: segments do not cover blocks "
-                           f"0..{n_blocks - 1} in order")
-        return plan, "meta.json"
-    config = meta_or_config.get("config", meta_or_config)
-    return fallback_checkpoint_plan(config.get("checkpoint", "0"), n_blocks), "fallback"
+def knob_table(binary):
+    """The knob table (`memtrade knobs --json`): every axis with its flag and default."""
+    return json.loads(run_output(binary, ["knobs", "--json"], "knobs --json"))
+
+
+def list_points(binary, args):
+    """`memtrade run ARGS --list --json`: {"grid", "backend", "run", "points": [{"id",
+    "config" (every axis, seed, hyper), "resolved" (lr, optimizer_hyper, checkpoint_plan)}]}."""
+    return json.loads(run_output(binary, ["run", *args, "--list", "--json"], "run --list --json"))
+
+
+def flags_of(config, table):
+    """The knob flags that select `config` (every axis of the table the config has, + seed)."""
+    flags = []
+    for k in table:
+        if k["name"] in config:
+            flags += [k["flag"], str(config[k["name"]])]
+    if "seed" in config:
+        flags += ["--seed", str(config["seed"])]
+    return flags

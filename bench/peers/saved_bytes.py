@@ -52,7 +52,7 @@ AUTOCAST_MODES = ("auto",) + torch_saved.AUTOCAST
 class Point:
     config: dict      # memtrade's config (model, batch_size, accumulation, checkpoint, ...)
     hyper: dict
-    meta: dict = None  # the dump's meta.json (its checkpoint_plan), None without a dump
+    resolved: dict    # what memtrade resolved (checkpoint_plan, ...): meta.json or run --list --json
     dump: pathlib.Path = None
     trace: dict = None
 
@@ -62,8 +62,8 @@ class Point:
         return f"{c['model']}/b{c['batch_size']}/ck{c['checkpoint']}/{c['precision']}"
 
     def plan(self, n_blocks):
-        """({"selective", "segments"}, "meta.json" or "fallback")."""
-        return memtrade_side.checkpoint_plan(self.meta or self.config, n_blocks)
+        """memtrade's checkpoint plan for the point: {"selective", "segments"}."""
+        return memtrade_side.checkpoint_plan(self.resolved, n_blocks)
 
 
 KEYS = ("model", "batch_size", "accumulation", "checkpoint", "precision")
@@ -78,7 +78,7 @@ def same(a, b):
         return str(a) == str(b)
 
 
-def make_point(dump=None, trace_path=None):
+def make_point(dump=None, trace_path=None, binary=None):
     meta = memtrade_side.load_meta(dump) if dump is not None else None
     trace = memtrade_side.read_trace(trace_path) if trace_path is not None else None
     config = dict(meta["config"] if meta is not None else trace["config"])
@@ -89,13 +89,22 @@ def make_point(dump=None, trace_path=None):
         if diff:
             raise BadInput(f"{trace_path} is not a trace of {dump}: "
                            + ", ".join(f"{k} {tc.get(k)!r} vs {config.get(k)!r}" for k in diff))
-    if config.get("mode", "train") != "train":
+    if config["mode"] != "train":
         raise BadInput(f"{dump or trace_path}: mode {config.get('mode')!r}: nothing is saved "
                        f"for backward outside training")
-    if config.get("offload", "none") != "none":
+    if config["offload"] != "none":
         raise BadInput(f"{dump or trace_path}: offload {config.get('offload')!r} moves what is "
                        f"kept off the device; the twin has no offload (use --offload none)")
-    return Point(config, hyper, meta, pathlib.Path(dump) if dump else None, trace)
+    if meta is not None:
+        resolved = meta
+    elif binary is not None:  # a trace alone: memtrade resolves its config again
+        flags = memtrade_side.flags_of(config, memtrade_side.knob_table(binary))
+        resolved = memtrade_side.list_points(binary, ["--backend", "cpu", *flags])["points"][0][
+            "resolved"]
+    else:
+        raise BadInput(f"{trace_path}: a trace alone needs --memtrade BIN (the checkpoint plan "
+                       f"comes from memtrade) or its --dump")
+    return Point(config, hyper, resolved, pathlib.Path(dump) if dump else None, trace)
 
 
 def points_from_spec(binary, spec, keep_dir):
@@ -111,7 +120,7 @@ def points_from_spec(binary, spec, keep_dir):
         flags = memtrade_side.knob_flags(model, batch, ck, precision)
         dump = memtrade_side.make_dump(binary, d / "dump", flags)
         trace = memtrade_side.make_trace(binary, d, flags)
-        out.append(make_point(dump, trace))
+        out.append(make_point(dump, trace, binary))
     return out
 
 
@@ -134,13 +143,13 @@ def measure_point(point, autocast, mallinfo=True, profiler=False):
     if family not in ("gpt", "mlp", "cnn"):
         raise BadInput(f"{point.label}: no PyTorch twin for model family {family!r}")
     model = torch_saved.build_twin(c["model"], point.hyper)
-    plan, plan_source = point.plan(len(torch_models.parts(model)[1]))
+    plan = point.plan(len(torch_models.parts(model)[1]))
     if plan["selective"]:
         raise BadInput(f"{point.label}: selective checkpointing has no PyTorch eager twin")
     x, t = torch_saved.make_batch(family, point.hyper, int(c["batch_size"]), point.dump)
     kept, rec = torch_saved.measure(model, plan["segments"], x, t, autocast,
                                     mallinfo=mallinfo, profiler=profiler)
-    row = {"point": point.label, "autocast": autocast, "plan_source": plan_source,
+    row = {"point": point.label, "autocast": autocast,
            "segments": plan["segments"], "torch_a": kept.hooks,
            "torch_hook_only": kept.hooks_only, "checkpoint_inputs": kept.checkpoint_inputs,
            "saved_batch": kept.inputs, "weight_casts": kept.weight_casts,
@@ -179,11 +188,6 @@ def print_table(rows, out=sys.stdout):
                 fmt(r["gap"]), gap_pct]
         print(" ".join(f"{v:>{w}}" if i > 1 else f"{v:<{w}}"
                        for i, (v, (_, w)) in enumerate(zip(vals, cols))), file=out)
-    fallback = {r["point"] for r in rows if r["plan_source"] == "fallback"}
-    if fallback:
-        print(f"{len(fallback)} of {len({r['point'] for r in rows})} points: checkpoint plan "
-              f"from memtrade_side.fallback_checkpoint_plan (no checkpoint_plan in meta.json)",
-              file=out)
 
 
 def print_breakdown(label, autocast, breakdown, out=sys.stdout):
@@ -226,7 +230,7 @@ def main(argv=None):
         if not (args.dump or args.trace or args.points):
             raise BadInput("nothing to compare: give --dump/--trace or --memtrade with --points")
         with tempfile.TemporaryDirectory() as tmp:
-            points = [make_point(d, tr) for d, tr in
+            points = [make_point(d, tr, args.memtrade) for d, tr in
                       zip(args.dump or [None] * len(args.trace),
                           args.trace or [None] * len(args.dump))]
             if args.points:

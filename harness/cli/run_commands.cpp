@@ -183,23 +183,30 @@ std::string breakdown_line(const std::array<std::int64_t, kNumCategories>& b) {
 
 int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json) {
   std::string requested = f.knobs.backend == "auto" ? "cpu" : f.knobs.backend;
-  if (requested != "cpu" && requested != "cuda")
-    throw BadInput(fmt::format("--backend: unknown value '{}'", requested));
   Grid g = grid_for(cmd, f, requested);
   select_points(g, f);
   Backend b = requested == "cuda" ? Backend::cuda : Backend::cpu;
-  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json points = nlohmann::json::array();
   for (const auto& p : g.points) {
     MemoryEstimate e = estimate_memory(p.config, b, g.run.capacity);
     nlohmann::json row = estimate_json(e);
     row["id"] = p.id;
-    rows.push_back(row);
+    row["config"] = config_json(p.config);
+    row["config"]["hyper"] = make_model(p.config.model)->hyper();
+    points.push_back(row);
     if (!json)
       fmt::print("{:>11} {:>11} {:<4} {}\n    {}\n", format_bytes(e.peak_allocated),
                  format_bytes(e.peak_reserved), e.fits ? "fits" : "OOM", p.id,
                  breakdown_line(e.breakdown_at_peak));
   }
-  if (json) fmt::print("{}\n", rows.dump(2));
+  if (json)
+    fmt::print("{}\n",
+               nlohmann::json{{"schema", "memtrade.estimate/1"},
+                              {"backend", requested},
+                              {"capacity", g.run.capacity > 0 ? nlohmann::json(g.run.capacity)
+                                                              : nlohmann::json(nullptr)},
+                              {"points", points}}
+                   .dump(2));
   return 0;
 }
 

@@ -12,3 +12,21 @@ def memtrade_bin():
     if not path.exists():
         pytest.fail(f"memtrade binary not found at {path} (set MEMTRADE_BIN)")
     return str(path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def knob_table(memtrade_bin):
+    """The knob table of the binary under test, for the reports of results files that predate
+    meta.knobs (the fixtures) and for the reports' own analysis functions."""
+    import json
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from reports import knobs
+
+    text = subprocess.run([memtrade_bin, "knobs", "--json"], check=True, capture_output=True,
+                          text=True).stdout
+    os.environ["MEMTRADE_KNOBS_JSON"] = text
+    knobs.use(json.loads(text))
+    return knobs.table()

@@ -1,6 +1,7 @@
 """Tests of the reports package (python3 -m reports): pure analysis, every chart from the
 fixtures (normal grid, empty, all-OOM), the index page's links, and bad input -> exit 2.
-No memtrade binary needed."""
+The knob table comes from the memtrade binary (conftest.py), as it does for real reports of
+results files that predate meta.knobs (the fixtures)."""
 
 import json
 import pathlib
@@ -28,7 +29,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def mk(model="m", batch=8, status="ok", peak=None, thr=None, **knobs):
-    cfg = {"model": model, "batch_size": batch, **A.DEFAULTS, **knobs}
+    defaults = {k: A.K.default(k) for k in A.setting_knobs()}
+    cfg = {"model": model, "batch_size": batch, **defaults, **knobs}
     p = {"id": "/".join(f"{k}={cfg[k]}" for k in sorted(cfg)), "config": cfg, "status": status, "error": None,
          "memory": None, "time": None, "throughput": None}
     if status == "ok":
@@ -125,11 +127,15 @@ def test_default_baselines():
 def test_checkpoint_normalisation_and_labels():
     assert A.norm_checkpoint(0) == "0" and A.norm_checkpoint("0.50") == "0.5" and A.norm_checkpoint("sqrt") == "sqrt"
     cfg = mk(peak=1, thr=1.0, precision="bf16", checkpoint="0.5")["config"]
-    assert A.short_label(cfg, ["precision", "checkpoint", "optimizer", "batch_size"]) == "bf16 ck0.5 adam b8"
+    # Labels read like point ids: the knob table's prefixes, in id order.
+    assert A.short_label(cfg, ["precision", "checkpoint", "optimizer", "batch_size"]) == "b8 bf16 ck0.5 adam"
+    # By default a label names the workload and every knob turned away from its default.
+    assert A.short_label(cfg) == "m b8 bf16 ck0.5"
     cfg2 = mk(peak=1, thr=1.0, offload="activations")["config"]
     varying = ["precision", "offload", "batch_size"]
-    assert A.compact_label(cfg, varying) == "bf16 b8"
-    assert A.compact_label(cfg2, varying) == "fp32 off-act b8"
+    assert A.compact_label(cfg, varying) == "b8 bf16"
+    assert A.compact_label(cfg2, varying) == "b8 off-activations"
+    assert A.short_label(mk(peak=1, thr=1.0, mode="eval")["config"]) == "m b8 eval"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +194,7 @@ def test_fixtures_validate():
     (lambda d: d.update(points={}), "points"),
     (lambda d: d["points"][0].update(status="great"), "status"),
     (lambda d: d["points"][0]["memory"].update(peak_allocated="big"), "peak_allocated"),
-    (lambda d: d["points"][0]["config"].pop("model"), "config.model"),
+    (lambda d: d["points"][0]["config"].pop("model"), "config"),
 ])
 def test_validation_errors(mutate, message):
     doc = json.loads((FIX / "grid.json").read_text())
@@ -355,7 +361,7 @@ def bad_files(tmp: pathlib.Path):
     (["{t}/malformed.json"], "malformed JSON"),
     (["{t}/schema.json"], "schema"),
     (["{t}/array.json"], "schema"),
-    (["{t}/okpoint.json"], "peak_allocated"),
+    (["{t}/okpoint.json"], "memory"),
     (["{t}/missing.json"], "no such file"),
     (["{fix}/grid.json", "--trace", "{fix}/grid.json"], "memtrade.trace/1"),
     (["{fix}/grid.json", "--history", "{t}/notadb.db"], "history"),

@@ -47,7 +47,7 @@ def test_hook_count_plus_checkpoint_inputs_is_what_the_allocator_holds(memtrade_
     torch.set_num_threads(1)
     p = point(memtrade_bin, tmp_path, "gpt-tiny", "sqrt")
     model = torch_saved.build_twin("gpt-tiny", p.hyper)
-    plan, _ = p.plan(p.hyper["n_layer"])
+    plan = p.plan(p.hyper["n_layer"])
     x, t = torch_saved.make_batch("gpt", p.hyper, BATCH, p.dump)
     kept, _ = torch_saved.measure(model, plan["segments"], x, t, mallinfo=False, profiler=True)
     assert kept.checkpoints == 1 and kept.checkpoint_inputs > 0
@@ -55,14 +55,16 @@ def test_hook_count_plus_checkpoint_inputs_is_what_the_allocator_holds(memtrade_
     assert kept.hooks - kept.hooks_only == kept.checkpoint_inputs
 
 
-def test_plan_comes_from_meta_json_when_it_has_one():
-    """meta.json's checkpoint_plan wins over the fallback; a plan that does not cover the blocks
-    in order is bad input."""
+def test_plan_comes_from_memtrade(memtrade_bin):
+    """The checkpoint plan is memtrade's (meta.json or run --list --json), never re-derived; one
+    that does not cover the blocks in order, or none at all, is bad input."""
     plan = {"selective": False, "segments": [[0, 2, True], [2, 3, False]]}
-    assert memtrade_side.checkpoint_plan({"config": {"checkpoint": "0"}, "checkpoint_plan": plan},
-                                         3) == (plan, "meta.json")
-    assert memtrade_side.checkpoint_plan({"config": {"checkpoint": "sqrt"}}, 3) == (
-        {"selective": False, "segments": [[0, 2, True], [2, 3, True]]}, "fallback")
+    assert memtrade_side.checkpoint_plan({"checkpoint_plan": plan}, 3) == plan
+    listed = memtrade_side.list_points(memtrade_bin, ["--model", "gpt-mini", "--checkpoint",
+                                                      "sqrt", "--backend", "cpu"])
+    assert memtrade_side.checkpoint_plan(listed["points"][0]["resolved"], 4) == {
+        "selective": False, "segments": [[0, 2, True], [2, 4, True]]}
     bad = {"selective": False, "segments": [[0, 1, True], [2, 3, False]]}
-    with pytest.raises(memtrade_side.BadInput):
-        memtrade_side.checkpoint_plan({"checkpoint_plan": bad}, 3)
+    for resolved in ({"checkpoint_plan": bad}, {}):
+        with pytest.raises(memtrade_side.BadInput):
+            memtrade_side.checkpoint_plan(resolved, 3)
