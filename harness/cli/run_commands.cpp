@@ -251,11 +251,26 @@ int cmd_merge(const std::vector<std::string>& inputs, const std::string& out,
   return 1;
 }
 
-// `memtrade knobs`: the knob table, as a table for people or JSON for tools (reports/,
-// bench/peers/, the docs' knob table).
-int cmd_knobs(bool json) {
-  if (json) {
+// `memtrade knobs`: the knob table, as a table for people, JSON for tools (reports/,
+// bench/peers/) or Markdown (the knob table of docs/design.md, which make docs regenerates).
+int cmd_knobs(const std::string& format) {
+  if (format == "json") {
     fmt::print("{}\n", knobs_json().dump(1));
+    return 0;
+  }
+  if (format == "markdown") {
+    fmt::print("| axis | flag | id | default | values | what it changes |\n|---|---|---|---|---|---|\n");
+    for (const Knob& k : knobs()) {
+      const auto choices = k.choices();
+      const std::string values =
+          choices.empty() ? k.values_text : fmt::format("`{}`", fmt::join(choices, "`, `"));
+      const char* rule = k.id_rule == IdRule::always        ? ""
+                         : k.id_rule == IdRule::non_default ? " (when not default)"
+                                                            : " (where it applies)";
+      fmt::print("| `{}` | `{}` | `{}`{} | `{}` | {} | {} |\n", k.name, k.flag,
+                 k.id_prefix.empty() ? "value" : k.id_prefix + "…", rule, k.default_text(), values,
+                 k.help);
+    }
     return 0;
   }
   fmt::print("{:<13} {:<15} {:<12} {:<5} {}\n", "axis", "flag", "default", "id", "values");
@@ -334,11 +349,13 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
 
   auto& export_in = cmds.keep<std::string>();
   auto& export_out = cmds.keep<std::string>();
-  auto& knobs_as_json = cmds.keep<bool>();
+  auto& knobs_format = cmds.keep<std::string>();
+  knobs_format = "text";
   CLI::App* kn =
       app.add_subcommand("knobs", "The knob table: every axis, its flag, default and values");
-  kn->add_flag("--json", knobs_as_json, "JSON, for tools");
-  cmds.add(kn, [&knobs_as_json] { return cmd_knobs(knobs_as_json); });
+  kn->add_flag("--json{json}", knobs_format, "JSON, for tools");
+  kn->add_flag("--markdown{markdown}", knobs_format, "Markdown, the table of docs/design.md");
+  cmds.add(kn, [&knobs_format] { return cmd_knobs(knobs_format); });
 
   CLI::App* exp = app.add_subcommand("export", "Write a results file as CSV for spreadsheets");
   exp->add_option("results", export_in, "Results file")->required();

@@ -1,4 +1,4 @@
-// Results history in SQLite (schema in DESIGN.md / the results contract): one row per run, one
+// Results history in SQLite (docs/design.md, "History"): one row per run, one
 // per point, so that nightly CI can compare against the last nightly and charts can draw trends.
 // Without SQLite at build time every function throws BadInput("built without SQLite").
 #pragma once

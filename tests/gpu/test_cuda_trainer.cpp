@@ -1,5 +1,5 @@
 // The Trainer on the CUDA backend against the CPU backend: same losses, grads and updates to
-// GEMM-order rounding, and the same allocations (DESIGN.md: the same model and knobs make the
+// GEMM-order rounding, and the same allocations (docs/design.md: the same model and knobs make the
 // same allocation sequence on both backends). Skipped without a usable CUDA device.
 #include <ostream>
 #include <string>

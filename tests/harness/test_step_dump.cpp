@@ -1,4 +1,4 @@
-// The step dump contract (DESIGN.md, "Step dump"): files, shapes, dtypes, names, and numbers
+// The step dump contract (docs/design.md, "Step dump"): files, shapes, dtypes, names, and numbers
 // that agree with the update rule; plus the .npy writer/reader round trip.
 #include <algorithm>
 #include <cmath>

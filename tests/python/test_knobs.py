@@ -67,3 +67,10 @@ def test_no_knob_list_default_or_id_parser_outside_the_table():
         for i in range(len(quoted) - 2):
             run = ", ".join(quoted[i:i + 3])
             assert run not in text, (path, run)
+
+
+def test_design_doc_knob_table_is_generated(memtrade_bin):
+    """docs/design.md's knob table is `memtrade knobs --markdown`, not a copy kept by hand."""
+    r = subprocess.run([sys.executable, str(ROOT / "ci" / "knob_table_doc.py"), memtrade_bin,
+                        str(ROOT / "docs" / "design.md"), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
