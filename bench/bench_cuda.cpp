@@ -88,8 +88,8 @@ void BM_Attention(benchmark::State& state) {
   dev->ops().fill(qkv, 0.01f);
   dev->ops().fill(dout, 0.01f);
   time_with_events(state, *dev, [&] {
-    dev->ops().attention_forward(out, att, qkv, nh);
-    dev->ops().attention_backward(dqkv, dout, qkv, att, nh);
+    dev->ops().attention_forward(out, att, qkv, nh, nh);
+    dev->ops().attention_backward(dqkv, dout, qkv, att, nh, nh);
   });
   // Forward 2 GEMMs (4·B·T²·C FLOPs), backward 4: the straightforward form computes the
   // masked half too.

@@ -136,8 +136,9 @@ void BM_Attention(benchmark::State& state, DType dt) {
   Tensor att = cpu().empty({b, nh, t, t}, dt, Category::activations);
   Tensor dqkv = cpu().empty({b, t, 3 * c}, dt, Category::activations);
   for (auto _ : state) {
-    cpu().ops().attention_forward(out, att, qkv, static_cast<int>(nh));
-    cpu().ops().attention_backward(dqkv, dout, qkv, att, static_cast<int>(nh));
+    cpu().ops().attention_forward(out, att, qkv, static_cast<int>(nh), static_cast<int>(nh));
+    cpu().ops().attention_backward(dqkv, dout, qkv, att, static_cast<int>(nh),
+                                   static_cast<int>(nh));
   }
   // Dense GEMM work done: forward 2 GEMMs of T·T·hd, backward 4, per head (mask not exploited).
   set_flops(state, 6.0 * 2.0 * static_cast<double>(b * nh * t * t * (c / nh)));

@@ -65,13 +65,13 @@ void run_workload(Device& d, DType dt) {
     ops.linear_forward(qkv, ln, w, &bias);
     Tensor att = d.empty({b, nh, t, t}, dt, Category::activations);
     Tensor y = d.empty({b, t, c}, dt, Category::activations);
-    ops.attention_forward(y, att, qkv, static_cast<int>(nh));
+    ops.attention_forward(y, att, qkv, static_cast<int>(nh), static_cast<int>(nh));
     {
       Tensor dyatt = d.empty({b, t, c}, dt, Category::temporaries);
       ops.fill(dyatt, 0.02f);
       Tensor dqkv_att = d.empty({b, t, 3 * c}, dt, Category::temporaries);
-      ops.attention_backward(dqkv_att, dyatt, qkv, att, static_cast<int>(nh));
-      ops.attention_probs(att, qkv, static_cast<int>(nh));
+      ops.attention_backward(dqkv_att, dyatt, qkv, att, static_cast<int>(nh), static_cast<int>(nh));
+      ops.attention_probs(att, qkv, static_cast<int>(nh), static_cast<int>(nh));
     }
     ops.gelu_forward(y, y);
     Tensor logits = d.empty({b * t, v}, dt, Category::activations);
