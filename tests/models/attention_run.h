@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -62,14 +63,36 @@ inline double error_of_max(const std::vector<float>& got, const std::vector<floa
   return scale > 0 ? worst / scale : worst;
 }
 
-// Every gradient of `got` within tol of `want`'s (error_of_max); returns the worst error seen.
-inline double expect_grads_close(const AttentionRun& got, const AttentionRun& want, double tol) {
+// The relative error of one tensor, element by element: max |got − want| / (|want| + m/10),
+// m = max|want|. The floor keeps elements that are sums cancelling to ~0 from dominating, while
+// a relative error in any sizeable part of the tensor shows in full.
+inline double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double scale = 0, worst = 0;
+  for (float w : want) scale = std::max(scale, static_cast<double>(std::abs(w)));
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    const double den = std::abs(static_cast<double>(want[i])) + 0.1 * scale;
+    worst = std::max(worst, den > 0 ? err / den : err);
+    if (std::isnan(err)) return INFINITY;
+  }
+  return worst;
+}
+
+// Every gradient of `got` equals `want`'s to tol of the tensor's largest element
+// (error_of_max), and element by element to 3·tol (relative_error): fp32 reorderings anywhere
+// (flash vs math) propagate through the blocks to ~1e-5 element-wise (gpt-small, measured),
+// while a relative error confined to part of a tensor (one of q, k, v) still shows. Returns
+// the worst {error_of_max, relative_error}.
+inline std::pair<double, double> expect_grads_close(const AttentionRun& got,
+                                                    const AttentionRun& want, double tol) {
   EXPECT_EQ(got.grads.size(), want.grads.size());
-  double worst = 0;
+  std::pair<double, double> worst{0, 0};
   for (std::size_t i = 0; i < std::min(got.grads.size(), want.grads.size()); ++i) {
-    const double e = error_of_max(got.grads[i], want.grads[i]);
-    worst = std::max(worst, std::isnan(e) ? INFINITY : e);
-    EXPECT_LE(e, tol) << "gradient #" << i;
+    const double m = error_of_max(got.grads[i], want.grads[i]);
+    const double e = relative_error(got.grads[i], want.grads[i]);
+    worst = {std::max(worst.first, std::isnan(m) ? INFINITY : m), std::max(worst.second, e)};
+    EXPECT_LE(m, tol) << "gradient #" << i << " (of the tensor's max)";
+    EXPECT_LE(e, 3 * tol) << "gradient #" << i << " (element-wise)";
   }
   return worst;
 }
