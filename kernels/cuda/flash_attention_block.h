@@ -61,9 +61,9 @@ struct Layout {
   static constexpr int kSq = R * LS;   // floats of an (R, R) tile
   // Q, K, V, O, S/P; row max m, row sum l, rescale alpha.
   static constexpr int kForward = 4 * kMat + kSq + 3 * R;
-  // K, V, dK, dV, Q, dO, P, dP/dS; lse, D.
+  // K, V, Q, dO, dK, dV, P, dP/dS; lse, D (BackwardTiles).
   static constexpr int kBackwardKv = 6 * kMat + 2 * kSq + 2 * R;
-  // Q, dO, dQ, K, V, P, dP/dS; lse, D.
+  // K, V, Q, dO, dQ, P, dP/dS; lse, D.
   static constexpr int kBackwardQ = 5 * kMat + 2 * kSq + 2 * R;
   static_assert(4 * (kForward > kBackwardKv ? kForward : kBackwardKv) <= 163 * 1024 &&
                     kBackwardQ <= kBackwardKv,
@@ -289,22 +289,36 @@ MEMTRADE_FLASH_FN void store_tile(int tid, const BackwardArgs& a, const float* s
   }
 }
 
+// Shared memory of the backward kernels (Layout's kBackwardKv and kBackwardQ): the key side
+// (K, V), the query side (Q, dO), `n` fp32 accumulators (dK and dV, or dQ), the score tiles
+// (P, dP/dS), and the query rows' lse and D.
+template <int HD>
+struct BackwardTiles {
+  float *k, *v, *q, *dout, *acc[2], *p, *ds, *lse, *dsum;
+  MEMTRADE_FLASH_FN BackwardTiles(float* smem, int n) {
+    using L = Layout<HD>;
+    k = smem;
+    v = k + L::kMat;
+    q = v + L::kMat;
+    dout = q + L::kMat;
+    acc[0] = dout + L::kMat;
+    acc[1] = n > 1 ? acc[0] + L::kMat : nullptr;
+    p = acc[0] + n * L::kMat;
+    ds = p + L::kSq;
+    lse = ds + L::kSq;
+    dsum = lse + L::R;
+  }
+};
+
 // dk, dv of key tile kt of kv head g of sequence b, summed over the group's query heads.
 template <int HD, class Mem, class Exec>
 MEMTRADE_FLASH_FN void backward_kv_block(Exec& ex, float* smem, const BackwardArgs& a,
                                          std::int64_t kt, std::int64_t g, std::int64_t b) {
   using L = Layout<HD>;
   constexpr int R = L::R, LD = L::LD, LS = L::LS;
-  float* sk = smem;
-  float* sv = sk + L::kMat;
-  float* sdk = sv + L::kMat;
-  float* sdv = sdk + L::kMat;
-  float* sq = sdv + L::kMat;
-  float* sdo = sq + L::kMat;
-  float* sp = sdo + L::kMat;
-  float* sds = sp + L::kSq;
-  float* slse = sds + L::kSq;
-  float* sd = slse + R;
+  const BackwardTiles<HD> st(smem, 2);
+  float *sk = st.k, *sv = st.v, *sq = st.q, *sdo = st.dout, *sp = st.p, *sds = st.ds;
+  float *slse = st.lse, *sd = st.dsum, *sdk = st.acc[0], *sdv = st.acc[1];
   const Dims& d = a.d;
   const int hd = static_cast<int>(d.hd);
   const std::int64_t w = d.w(), seq = b * d.t * w, j0 = kt * R, tiles = d.tiles(R);
@@ -359,15 +373,9 @@ MEMTRADE_FLASH_FN void backward_q_block(Exec& ex, float* smem, const BackwardArg
                                         std::int64_t qt, std::int64_t h, std::int64_t b) {
   using L = Layout<HD>;
   constexpr int R = L::R, LD = L::LD, LS = L::LS;
-  float* sq = smem;
-  float* sdo = sq + L::kMat;
-  float* sdq = sdo + L::kMat;
-  float* sk = sdq + L::kMat;
-  float* sv = sk + L::kMat;
-  float* sp = sv + L::kMat;
-  float* sds = sp + L::kSq;
-  float* slse = sds + L::kSq;
-  float* sd = slse + R;
+  const BackwardTiles<HD> st(smem, 1);
+  float *sk = st.k, *sv = st.v, *sq = st.q, *sdo = st.dout, *sp = st.p, *sds = st.ds;
+  float *slse = st.lse, *sd = st.dsum, *sdq = st.acc[0];
   const Dims& d = a.d;
   const int hd = static_cast<int>(d.hd);
   const std::int64_t w = d.w(), seq = b * d.t * w, g = h / d.group();
