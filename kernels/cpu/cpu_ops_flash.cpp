@@ -6,9 +6,9 @@
 // of kBc keys up to the causal diagonal: S = scale·Q·Kᵀ (one GEMM), the row maxima and sums
 // updated online (the running output rescaled by exp(m_old − m_new)), O += P·V (one GEMM); at
 // the end O /= l and lse = m + log l.
-// Backward: D = rowsum(dO ∘ O) first; then one task per (sequence, kv head), which owns its kv
-// head's dk, dv and its query heads' dq. For each query head of the group, each query tile and
-// each key tile up to the diagonal: P = exp(S − lse), dV += Pᵀ·dO, dP = dO·Vᵀ,
+// Backward: one task per (sequence, kv head), which owns its kv head's dk, dv and its query
+// heads' dq and rows of D = rowsum(dO ∘ O). For each query head of the group (its D first),
+// each query tile and each key tile up to the diagonal: P = exp(S − lse), dV += Pᵀ·dO, dP = dO·Vᵀ,
 // dS = P ∘ (dP − D), dQ += scale·dS·K, dK += scale·dSᵀ·Q — five GEMMs, all on strided views of
 // the packed tensors. A task's sums run in one fixed order, so the result is the same for any
 // thread count (no atomics, no reduction across threads).
@@ -36,6 +36,7 @@ using Dims = AttentionDims;  // kernels/op_checks.h
 // tile on its diagonal.
 constexpr std::int64_t kBr = 64;
 constexpr std::int64_t kBc = 64;
+static_assert(kBr * kBc >= kFlashMaxHeadDim, "backward reads a row of O into a tile");
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
@@ -108,18 +109,6 @@ void CpuOps::flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Te
   CachingAllocator& alloc = *dqkv.allocator();
   Tensor dsum(alloc, {d.b, d.nh, d.t}, DType::F32, Category::temporaries);  // D
   float* dsum_p = dsum.as<float>();
-#pragma omp parallel for schedule(static) if (sgemm_nests())
-  for (std::int64_t bt = 0; bt < d.b * d.t; ++bt) {
-    float ob[kFlashMaxHeadDim], gb[kFlashMaxHeadDim];
-    const std::int64_t b = bt / d.t, t = bt % d.t;
-    for (std::int64_t h = 0; h < d.nh; ++h) {
-      const float* o = read_f32(out, bt * d.c + d.q_col(h), d.hd, ob);
-      const float* g = read_f32(dout, bt * d.c + d.q_col(h), d.hd, gb);
-      float sum = 0.0f;
-      for (std::int64_t c = 0; c < d.hd; ++c) sum += o[c] * g[c];
-      dsum_p[(b * d.nh + h) * d.t + t] = sum;
-    }
-  }
   const F32In qkv32(qkv, alloc);
   const F32In dout32(dout, alloc);
   F32Out dqkv32(dqkv, false);
@@ -143,7 +132,14 @@ void CpuOps::flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Te
     float p[kBr * kBc], ds[kBr * kBc];
     for (std::int64_t h = h0; h < h0 + d.group(); ++h) {
       const float* row_lse = lse_p + (b * d.nh + h) * d.t;
-      const float* row_d = dsum_p + (b * d.nh + h) * d.t;
+      float* row_d = dsum_p + (b * d.nh + h) * d.t;
+      for (std::int64_t t = 0; t < d.t; ++t) {  // D = rowsum(dO ∘ O) of this head's rows
+        const float* o = read_f32(out, (b * d.t + t) * d.c + d.q_col(h), d.hd, p);
+        const float* gt = go + t * d.c + d.q_col(h);
+        float sum = 0.0f;
+        for (std::int64_t c = 0; c < d.hd; ++c) sum += o[c] * gt[c];
+        row_d[t] = sum;
+      }
       for (std::int64_t i = 0; i < tiles; ++i) {
         const std::int64_t r0 = i * kBr, nr = std::min(kBr, d.t - r0), kend = r0 + nr;
         const float* q = x + r0 * d.w + d.q_col(h);
