@@ -73,33 +73,41 @@ BENCHMARK(BM_Gemm)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
-// GPT-2 small attention: B = arg 0, T = 1024, C = 768, 12 heads; arg 1: 0 fp32, 1 bf16.
+// GPT-2 small attention: B = arg 0, T = 1024, C = 768, 12 heads; arg 1: 0 fp32, 1 bf16;
+// arg 2: 0 math, 1 flash.
 void BM_Attention(benchmark::State& state) {
   auto dev = cuda_or_skip(state);
   if (!dev) return;
   const std::int64_t b = state.range(0), t = 1024, c = 768;
   const int nh = 12;
   const DType dt = state.range(1) ? DType::BF16 : DType::F32;
+  const bool flash = state.range(2) != 0;
   Tensor qkv = dev->empty({b, t, 3 * c}, dt, Category::activations);
   Tensor out = dev->empty({b, t, c}, dt, Category::activations);
-  Tensor att = dev->empty({b, nh, t, t}, dt, Category::activations);
+  Tensor att = flash ? Tensor() : dev->empty({b, nh, t, t}, dt, Category::activations);
+  Tensor lse = flash ? dev->empty({b, nh, t}, DType::F32, Category::activations) : Tensor();
   Tensor dout = dev->empty({b, t, c}, dt, Category::activations);
   Tensor dqkv = dev->empty({b, t, 3 * c}, dt, Category::activations);
   dev->ops().fill(qkv, 0.01f);
   dev->ops().fill(dout, 0.01f);
   time_with_events(state, *dev, [&] {
-    dev->ops().attention_forward(out, att, qkv, nh);
-    dev->ops().attention_backward(dqkv, dout, qkv, att, nh);
+    if (flash) {
+      dev->ops().flash_attention_forward(out, lse, qkv, nh, nh);
+      dev->ops().flash_attention_backward(dqkv, dout, qkv, out, lse, nh, nh);
+    } else {
+      dev->ops().attention_forward(out, att, qkv, nh, nh);
+      dev->ops().attention_backward(dqkv, dout, qkv, att, nh, nh);
+    }
   });
   // Forward 2 GEMMs (4·B·T²·C FLOPs), backward 4: the straightforward form computes the
-  // masked half too.
+  // masked half too. Flash is counted the same way, so that the rates compare times.
   state.counters["TFLOPS"] = benchmark::Counter(
       12.0 * static_cast<double>(b * t * t * c) * static_cast<double>(state.iterations()) / 1e12,
       benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(dtype_name(dt)));
+  state.SetLabel(std::string(dtype_name(dt)) + (flash ? " flash" : " math"));
 }
 BENCHMARK(BM_Attention)
-    ->ArgsProduct({{4, 8}, {0, 1}})
+    ->ArgsProduct({{4, 8}, {0, 1}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

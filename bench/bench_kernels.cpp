@@ -1,5 +1,6 @@
 // CPU op microbenchmarks: GEMM GFLOP/s through our ops (fp32 and bf16 storage) next to raw
-// cblas_sgemm on the same shapes, plus layer-norm, GELU, softmax, attention and the Adam update.
+// cblas_sgemm on the same shapes, plus layer-norm, GELU, softmax, attention (math and flash) and
+// the Adam update.
 //
 //   build-*/bench/bench_kernels --benchmark_filter=Gemm
 // Rates are counters: "FLOP/s" for GEMMs and attention, "bytes/s" for memory-bound ops.
@@ -128,30 +129,56 @@ BENCHMARK_CAPTURE(BM_Gelu, f32, DType::F32)->Arg(1024)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Gelu, bf16, DType::BF16)->Arg(1024)->UseRealTime();
 BENCHMARK(BM_Softmax)->Args({1024, 1024})->Args({64, 50257})->UseRealTime();
 
-// ---- attention: forward + backward of one layer, GPT-2 small heads (hd = 64) -------------------
-void BM_Attention(benchmark::State& state, DType dt) {
-  const std::int64_t b = state.range(0), t = state.range(1), nh = 12, c = 768;
+// ---- attention: forward + backward of one layer, math against flash ----------------------------
+// Args B, T, NH, hd: gpt-mini's (batch 8), gpt-small's (batch 8) and GPT-2 small's heads at
+// T = 256 and 1024. Compare the kinds side by side in one interleaved job (the machine is shared):
+//   bench_kernels --benchmark_filter=Attention --benchmark_repetitions=10
+//                 --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only
+void BM_Attention(benchmark::State& state, AttentionKind kind, DType dt) {
+  const std::int64_t b = state.range(0), t = state.range(1), nh = state.range(2),
+                     hd = state.range(3), c = nh * hd;
+  const int heads = static_cast<int>(nh);
   Tensor qkv = random_tensor({b, t, 3 * c}, dt, 1), dout = random_tensor({b, t, c}, dt, 2);
   Tensor out = cpu().empty({b, t, c}, dt, Category::activations);
-  Tensor att = cpu().empty({b, nh, t, t}, dt, Category::activations);
   Tensor dqkv = cpu().empty({b, t, 3 * c}, dt, Category::activations);
+  const bool flash = kind == AttentionKind::flash;
+  Tensor att = flash ? Tensor() : cpu().empty({b, nh, t, t}, dt, Category::activations);
+  Tensor lse = flash ? cpu().empty({b, nh, t}, DType::F32, Category::activations) : Tensor();
   for (auto _ : state) {
-    cpu().ops().attention_forward(out, att, qkv, static_cast<int>(nh));
-    cpu().ops().attention_backward(dqkv, dout, qkv, att, static_cast<int>(nh));
+    if (flash) {
+      cpu().ops().flash_attention_forward(out, lse, qkv, heads, heads);
+      cpu().ops().flash_attention_backward(dqkv, dout, qkv, out, lse, heads, heads);
+    } else {
+      cpu().ops().attention_forward(out, att, qkv, heads, heads);
+      cpu().ops().attention_backward(dqkv, dout, qkv, att, heads, heads);
+    }
   }
-  // Dense GEMM work done: forward 2 GEMMs of T·T·hd, backward 4, per head (mask not exploited).
-  set_flops(state, 6.0 * 2.0 * static_cast<double>(b * nh * t * t * (c / nh)));
+  // Dense GEMM work of math (forward 2 GEMMs of T·T·hd, backward 4, per head), for both kinds:
+  // the rates compare times.
+  set_flops(state, 6.0 * 2.0 * static_cast<double>(b * nh * t * t * hd));
 }
 
-BENCHMARK_CAPTURE(BM_Attention, f32, DType::F32)
-    ->Args({4, 256})
-    ->Args({1, 1024})
-    ->ArgNames({"B", "T"})
+void attention_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({8, 64, 4, 32})      // gpt-mini
+      ->Args({8, 256, 6, 64})  // gpt-small
+      ->Args({4, 256, 12, 64})
+      ->Args({1, 1024, 12, 64})
+      ->ArgNames({"B", "T", "NH", "hd"})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+}
+
+BENCHMARK_CAPTURE(BM_Attention, math_f32, AttentionKind::math, DType::F32)->Apply(attention_shapes);
+BENCHMARK_CAPTURE(BM_Attention, flash_f32, AttentionKind::flash, DType::F32)
+    ->Apply(attention_shapes);
+BENCHMARK_CAPTURE(BM_Attention, math_bf16, AttentionKind::math, DType::BF16)
+    ->Args({8, 256, 6, 64})
+    ->ArgNames({"B", "T", "NH", "hd"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Attention, bf16, DType::BF16)
-    ->Args({4, 256})
-    ->ArgNames({"B", "T"})
+BENCHMARK_CAPTURE(BM_Attention, flash_bf16, AttentionKind::flash, DType::BF16)
+    ->Args({8, 256, 6, 64})
+    ->ArgNames({"B", "T", "NH", "hd"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -41,13 +41,27 @@ ConvDims check_conv(std::string_view op, const Tensor& inp, const Tensor& weight
   return d;
 }
 
-AttentionDims check_qkv(std::string_view op, const Tensor& qkv, int n_head) {
+AttentionDims check_qkv(std::string_view op, const Tensor& qkv, int n_head, int n_kv_head) {
   check_float(op, "qkv", qkv);
-  if (qkv.ndim() != 3 || qkv.dim(2) % 3 != 0 || n_head < 1 || (qkv.dim(2) / 3) % n_head != 0)
-    fail(op, "qkv {} must be (B, T, 3C) with C divisible by n_head = {}", shape_str(qkv.shape()),
-         n_head);
-  const std::int64_t c = qkv.dim(2) / 3;
-  return {qkv.dim(0), qkv.dim(1), c, n_head, c / n_head};
+  if (n_head < 1 || n_kv_head < 1 || n_head % n_kv_head != 0)
+    fail(op, "n_head = {} must be a positive multiple of n_kv_head = {}", n_head, n_kv_head);
+  const std::int64_t heads = n_head + 2 * std::int64_t{n_kv_head};
+  if (qkv.ndim() != 3 || qkv.dim(2) % heads != 0)
+    fail(op,
+         "qkv {} must be (B, T, (n_head + 2·n_kv_head)·head_dim) with n_head = {}, "
+         "n_kv_head = {}",
+         shape_str(qkv.shape()), n_head, n_kv_head);
+  const std::int64_t hd = qkv.dim(2) / heads;
+  return {qkv.dim(0), qkv.dim(1), n_head, n_kv_head, hd, n_head * hd, qkv.dim(2)};
+}
+
+// flash: hd within the kernels' tiles; lse (B, NH, T) F32.
+void check_flash(std::string_view op, const AttentionDims& d, const Tensor& lse) {
+  if (d.hd < 1 || d.hd > kFlashMaxHeadDim)
+    fail(op, "head_dim {} must be in [1, {}]", d.hd, kFlashMaxHeadDim);
+  if (!lse.defined() || lse.dtype() != DType::F32)
+    fail(op, "lse must be F32, got {}", lse.defined() ? dtype_name(lse.dtype()) : "undefined");
+  check_shape(op, "lse", lse, {d.b, d.nh, d.t});
 }
 
 // An optional output or gradient: when given, float and shaped `shape`.
@@ -346,8 +360,8 @@ void check_optimizer_update(const OptimizerHyper& h, const Tensor& param, const 
 }
 
 AttentionDims check_attention_forward(std::string_view op, const Tensor* out, const Tensor& att,
-                                      const Tensor& qkv, int n_head) {
-  const AttentionDims d = check_qkv(op, qkv, n_head);
+                                      const Tensor& qkv, int n_head, int n_kv_head) {
+  const AttentionDims d = check_qkv(op, qkv, n_head, n_kv_head);
   check_float(op, "att", att);
   check_shape(op, "att", att, {d.b, d.nh, d.t, d.t});
   check_optional(op, "out", out, {d.b, d.t, d.c});
@@ -355,9 +369,9 @@ AttentionDims check_attention_forward(std::string_view op, const Tensor* out, co
 }
 
 AttentionDims check_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                       const Tensor& att, int n_head) {
+                                       const Tensor& att, int n_head, int n_kv_head) {
   constexpr std::string_view op = "attention_backward";
-  const AttentionDims d = check_qkv(op, qkv, n_head);
+  const AttentionDims d = check_qkv(op, qkv, n_head, n_kv_head);
   check_float(op, "dqkv", dqkv);
   check_float(op, "dout", dout);
   check_float(op, "att", att);
@@ -395,6 +409,27 @@ void check_swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor&
       fail(op, "shapes differ: dgate {}, dup {}, dout {}, gate {}, up {}", shape_str(dgate.shape()),
            shape_str(dup.shape()), shape_str(dout.shape()), shape_str(gate.shape()),
            shape_str(up.shape()));
+}
+
+AttentionDims check_flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                            int n_head, int n_kv_head) {
+  constexpr std::string_view op = "flash_attention_forward";
+  const AttentionDims d = check_qkv(op, qkv, n_head, n_kv_head);
+  check_flash(op, d, lse);
+  check_optional(op, "out", &out, {d.b, d.t, d.c});
+  return d;
+}
+
+AttentionDims check_flash_attention_backward(const Tensor& dqkv, const Tensor& dout,
+                                             const Tensor& qkv, const Tensor& out,
+                                             const Tensor& lse, int n_head, int n_kv_head) {
+  constexpr std::string_view op = "flash_attention_backward";
+  const AttentionDims d = check_qkv(op, qkv, n_head, n_kv_head);
+  check_flash(op, d, lse);
+  check_optional(op, "dqkv", &dqkv, qkv.shape());
+  check_optional(op, "dout", &dout, {d.b, d.t, d.c});
+  check_optional(op, "out", &out, {d.b, d.t, d.c});
+  return d;
 }
 
 ConvDims check_conv_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,

@@ -97,17 +97,36 @@ std::int64_t check_ce(std::string_view op, const Tensor& logits, const Tensor& t
 void check_optimizer_update(const OptimizerHyper& h, const Tensor& param, const Tensor& grad,
                             const Tensor* state0, const Tensor* state1);
 
-// Causal self-attention on packed qkv (B, T, 3C), C = NH · hd.
+// Causal self-attention on packed qkv (B, T, (NH + 2·NKV)·hd) (kernels/ops.h).
 struct AttentionDims {
-  std::int64_t b, t, c, nh, hd;
+  std::int64_t b, t;
+  std::int64_t nh, nkv, hd;
+  std::int64_t c;                                  // NH·hd: out's and dout's last dimension
+  std::int64_t w;                                  // (NH + 2·NKV)·hd: qkv's last dimension
+  std::int64_t group() const { return nh / nkv; }  // query heads per kv head
+  // Columns of query head h, and of the key and value heads that query head h uses.
+  std::int64_t q_col(std::int64_t h) const { return h * hd; }
+  std::int64_t k_col(std::int64_t h) const { return (nh + h / group()) * hd; }
+  std::int64_t v_col(std::int64_t h) const { return (nh + nkv + h / group()) * hd; }
 };
-// att (B, NH, T, T) float; out (B, T, C) float when given (attention_forward; nullptr for
+// att (B, NH, T, T) float; out (B, T, NH·hd) float when given (attention_forward; nullptr for
 // attention_probs). `op` names the caller.
 AttentionDims check_attention_forward(std::string_view op, const Tensor* out, const Tensor& att,
-                                      const Tensor& qkv, int n_head);
-// dqkv like qkv, dout (B, T, C), att (B, NH, T, T), all float.
+                                      const Tensor& qkv, int n_head, int n_kv_head);
+// dqkv like qkv, dout (B, T, NH·hd), att (B, NH, T, T), all float.
 AttentionDims check_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                       const Tensor& att, int n_head);
+                                       const Tensor& att, int n_head, int n_kv_head);
+
+// Largest head dimension of flash attention: its CUDA tiles keep rows of hd fp32 values in
+// shared memory, and the CPU's per-thread tiles are on the stack.
+inline constexpr std::int64_t kFlashMaxHeadDim = 256;
+// out (B, T, NH·hd) float, lse (B, NH, T) F32, 1 <= hd <= kFlashMaxHeadDim.
+AttentionDims check_flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                            int n_head, int n_kv_head);
+// dqkv like qkv; dout and out (B, T, NH·hd); lse (B, NH, T) F32; all others float.
+AttentionDims check_flash_attention_backward(const Tensor& dqkv, const Tensor& dout,
+                                             const Tensor& qkv, const Tensor& out,
+                                             const Tensor& lse, int n_head, int n_kv_head);
 
 // RoPE on packed qkv (B, T, (NH + 2·NKV)·hd), float, 1 <= NKV <= NH with NH a multiple of NKV
 // (grouped-query attention's layout), hd even and at most kRopeMaxHeadDim. `op` names the caller.

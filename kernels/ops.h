@@ -53,6 +53,11 @@ namespace memtrade {
 
 enum class OptimizerKind : std::uint8_t { sgd, sgd_momentum, adam, adamw, adagrad, rmsprop };
 
+// Which attention ops a model's attention layer runs (RunOptions::attention): math saves the
+// (B, NH, T, T) probabilities for backward; flash saves the output and the per-row log-sum-exp
+// and recomputes the scores in backward. Spellings: models/config.h.
+enum class AttentionKind : std::uint8_t { math, flash };
+
 // Hyper-parameters with PyTorch's defaults (torch.optim.*), except lr which callers set.
 struct OptimizerHyper {
   OptimizerKind kind = OptimizerKind::sgd;
@@ -146,19 +151,44 @@ class Ops {
   virtual void softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) = 0;
 
   // ---- attention -----------------------------------------------------------------------------
-  // Causal self-attention on packed qkv (B, T, 3C) with C = n_head · head_dim, scale 1/√head_dim.
-  // With 16-bit qkv the GEMMs run in qkv's dtype, and the rounding follows them: the scaled
-  // scores, the probabilities, dP and dS are rounded to qkv's dtype between the GEMMs; att and
-  // dout of another dtype are read rounded to it; out and dqkv of another dtype are computed in
-  // it and then converted (two roundings for the other 16-bit dtype). out (B, T, C); att
-  // (B, NH, T, T) receives the softmax probabilities (saved for backward).
-  virtual void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) = 0;
+  // Causal self-attention on packed qkv (B, T, (NH + 2·NKV)·hd): the NH query heads, then the NKV
+  // key heads, then the NKV value heads, hd columns each (NH = n_head, NKV = n_kv_head, NH a
+  // multiple of NKV). Query head h attends with kv head h / (NH / NKV), HF's repeat_kv
+  // (grouped-query attention; NKV = NH is multi-head attention, the (B, T, 3C) layout of nanoGPT).
+  // Scale 1/√hd. out (B, T, NH·hd).
+  //
+  // math: the probabilities are materialised; att (B, NH, T, T) receives them (saved for
+  // backward). With 16-bit qkv the GEMMs run in qkv's dtype, and the rounding follows them: the
+  // scaled scores, the probabilities, dP and dS are rounded to qkv's dtype between the GEMMs; att
+  // and dout of another dtype are read rounded to it; out and dqkv of another dtype are computed
+  // in it and then converted (two roundings for the other 16-bit dtype).
+  virtual void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
+                                 int n_kv_head) = 0;
   // Only the probabilities, for recompute in backward (selective checkpointing).
-  virtual void attention_probs(Tensor& att, const Tensor& qkv, int n_head) = 0;
-  // dqkv (B, T, 3C) overwritten, from dout (B, T, C), qkv and the saved att. Scratch on every
+  virtual void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) = 0;
+  // dqkv overwritten, from dout (B, T, NH·hd), qkv and the saved att; dk and dv of a kv head are
+  // the sums over its NH/NKV query heads, accumulated in fp32 and rounded once. Scratch on every
   // backend: dP (NH, T, T) in qkv's dtype (Category::temporaries), reused across sequences.
   virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                  const Tensor& att, int n_head) = 0;
+                                  const Tensor& att, int n_head, int n_kv_head) = 0;
+
+  // flash: fused attention (FlashAttention-2's tiled online softmax) that never materialises a
+  // (T, T) tensor: forward keeps only out and lse (B, NH, T) F32, the log-sum-exp of each row's
+  // scaled causal scores; backward recomputes the scores from qkv and lse. Arithmetic is fp32
+  // throughout (no 16-bit intermediates, unlike math); out and dqkv are rounded once to their
+  // dtypes. hd <= kFlashMaxHeadDim (kernels/op_checks.h). Deterministic: no atomics, the same
+  // result for any thread count or launch order.
+  // Scratch, equal on every backend: forward none; backward D = rowsum(dout ∘ out) (B, NH, T)
+  // F32 (Category::temporaries). CPU-only on top (Category::workspace): fp32 copies of 16-bit
+  // qkv and dout, and an fp32 dqkv when dqkv is 16-bit; its per-thread tiles are on the stack
+  // (kernels/cpu/cpu_ops_flash.cpp). CUDA's tiles live in shared memory.
+  virtual void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
+                                       int n_kv_head) = 0;
+  // dqkv (B, T, (NH + 2·NKV)·hd) overwritten from dout (B, T, NH·hd), qkv, the forward's out and
+  // lse.
+  virtual void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                        const Tensor& out, const Tensor& lse, int n_head,
+                                        int n_kv_head) = 0;
 
   // ---- embeddings and loss -------------------------------------------------------------------
   // tokens (B, T) I32; wte (V, C); wpe (maxT, C) -> out (B, T, C) = wte[tokens] + wpe[t].

@@ -59,6 +59,7 @@ Tensor BlockModel::forward(Device& dev, ParamStore& store, const Tensor& input,
 
   LayerCtx c{dev, store, *saved_, options.act_dtype};
   c.selective = plan_.selective;
+  c.attention = options.attention;
   c.save = training;
   c.segment = -1;
   Tensor x = [&] {
@@ -106,6 +107,7 @@ void BlockModel::backward(Device& dev, ParamStore& store, float dloss) {
   SavedTensors& saved = *saved_;
   LayerCtx c{dev, store, saved, last_->act_dtype};
   c.selective = plan_.selective;
+  c.attention = last_->attention;
   c.save = true;
 
   // The segments backward fetches, in order (a recomputed segment: only its input). Fetching

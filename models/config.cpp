@@ -67,6 +67,10 @@ constexpr std::array<std::pair<std::string_view, InputMemory>, 2> kInputs{{
     {"pinned", InputMemory::pinned},
     {"pageable", InputMemory::pageable},
 }};
+constexpr std::array<std::pair<std::string_view, AttentionKind>, 2> kAttentionKinds{{
+    {"math", AttentionKind::math},
+    {"flash", AttentionKind::flash},
+}};
 
 }  // namespace
 
@@ -113,6 +117,9 @@ std::string_view empty_cache_name(EmptyCache e) {
 std::string_view input_name(InputMemory i) {
   return name_of(kInputs, i);
 }
+std::string_view attention_kind_name(AttentionKind a) {
+  return name_of(kAttentionKinds, a);
+}
 
 std::optional<Precision> parse_precision(std::string_view s) {
   return lookup(kPrecisions, s);
@@ -135,6 +142,9 @@ std::optional<EmptyCache> parse_empty_cache(std::string_view s) {
 std::optional<InputMemory> parse_input(std::string_view s) {
   return lookup(kInputs, s);
 }
+std::optional<AttentionKind> parse_attention_kind(std::string_view s) {
+  return lookup(kAttentionKinds, s);
+}
 
 std::vector<std::string> precision_names() {
   return names(kPrecisions);
@@ -156,6 +166,9 @@ std::vector<std::string> empty_cache_names() {
 }
 std::vector<std::string> input_names() {
   return names(kInputs);
+}
+std::vector<std::string> attention_kind_names() {
+  return names(kAttentionKinds);
 }
 
 DType compute_dtype(Precision p) {

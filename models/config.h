@@ -60,6 +60,7 @@ std::string_view zero_grad_name(ZeroGrad z);
 std::string_view mode_name(Mode m);
 std::string_view empty_cache_name(EmptyCache e);
 std::string_view input_name(InputMemory i);
+std::string_view attention_kind_name(AttentionKind a);  // "math", "flash"
 std::optional<Precision> parse_precision(std::string_view s);
 std::optional<OptimizerKind> parse_optimizer(std::string_view s);
 std::optional<Offload> parse_offload(std::string_view s);
@@ -67,6 +68,7 @@ std::optional<ZeroGrad> parse_zero_grad(std::string_view s);
 std::optional<Mode> parse_mode(std::string_view s);
 std::optional<EmptyCache> parse_empty_cache(std::string_view s);
 std::optional<InputMemory> parse_input(std::string_view s);
+std::optional<AttentionKind> parse_attention_kind(std::string_view s);
 
 // All accepted spellings of each axis, for help texts and error messages.
 std::vector<std::string> precision_names();
@@ -76,6 +78,7 @@ std::vector<std::string> zero_grad_names();
 std::vector<std::string> mode_names();
 std::vector<std::string> empty_cache_names();
 std::vector<std::string> input_names();
+std::vector<std::string> attention_kind_names();
 
 // The storage dtype of weights/activations and whether an fp32 master copy exists.
 DType compute_dtype(Precision p);

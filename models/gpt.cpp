@@ -30,6 +30,7 @@ GptModel::GptModel(GptConfig cfg) : cfg_(std::move(cfg)) {
     b.attn.c_proj = {add_param(p + "attn.c_proj.weight", {C, C}, proj_std, i),
                      add_param(p + "attn.c_proj.bias", {C}, 0, i)};
     b.attn.n_head = cfg_.n_head;
+    b.attn.n_kv_head = cfg_.n_head;  // multi-head attention
     b.ln_2 = {add_param(p + "ln_2.weight", {C}, kOnes, i), add_param(p + "ln_2.bias", {C}, 0, i),
               "ln_2"};
     b.mlp.c_fc = {add_param(p + "mlp.c_fc.weight", {4 * C, C}, kStd, i),

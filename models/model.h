@@ -57,6 +57,8 @@ struct RunOptions {
   bool training = true;              // eval: nothing saved, no backward
   Checkpoint checkpoint{};           // which blocks are recomputed in backward
   bool offload_activations = false;  // saved activations go to pinned host memory
+  // The attention layers' ops (kernels/ops.h): math saves the probabilities, flash does not.
+  AttentionKind attention = AttentionKind::math;
 };
 
 struct FlopCount {

@@ -60,15 +60,16 @@ class DryRunOps final : public Ops {
   void softmax_forward(Tensor&, const Tensor&) override {}
   void softmax_backward(Tensor&, const Tensor&, const Tensor&) override {}
 
-  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) override {
-    attention(&out, att, qkv, n_head);
+  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
+                         int n_kv_head) override {
+    attention(&out, att, qkv, n_head, n_kv_head);
   }
-  void attention_probs(Tensor& att, const Tensor& qkv, int n_head) override {
-    attention(nullptr, att, qkv, n_head);
+  void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) override {
+    attention(nullptr, att, qkv, n_head, n_kv_head);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          int n_head) override {
-    const std::int64_t t = qkv.dim(1), hd = qkv.dim(2) / 3 / n_head;
+                          int n_head, int n_kv_head) override {
+    const std::int64_t t = qkv.dim(1), hd = head_dim(qkv, n_head, n_kv_head);
     CachingAllocator& alloc = *dqkv.allocator();
     lt_workspace(alloc);
     Tensor dp(alloc, {n_head, t, t}, qkv.dtype(), Category::temporaries);
@@ -79,6 +80,21 @@ class DryRunOps final : public Ops {
     auto dout_buf = scratch_if(dout.dtype() != DType::F32 || lowp, alloc, {t, hd}, ws);
     auto dqkv_buf = scratch_if(dqkv.dtype() != DType::F32, alloc, {3, t, hd}, ws);
     auto ds_buf = scratch_if(lowp, alloc, {t, t}, ws);
+  }
+  // Flash (kernels/cpu/cpu_ops_flash.cpp, kernels/cuda/cuda_ops_flash.cu): no GEMM library, so
+  // no cuBLASLt workspace; backward's D on both backends, the CPU's fp32 copies on the CPU.
+  void flash_attention_forward(Tensor& out, Tensor&, const Tensor& qkv, int, int) override {
+    if (qkv.numel() == 0) return;
+    auto qkv32 = f32_copy(qkv, *out.allocator());
+  }
+  void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor&,
+                                const Tensor& lse, int, int) override {
+    if (qkv.numel() == 0) return;
+    CachingAllocator& alloc = *dqkv.allocator();
+    Tensor dsum(alloc, lse.shape(), DType::F32, Category::temporaries);
+    auto qkv32 = f32_copy(qkv, alloc);
+    auto dout32 = f32_copy(dout, alloc);
+    auto dqkv32 = f32_copy(dqkv, alloc);
   }
 
   void embedding_forward(Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
@@ -178,8 +194,11 @@ class DryRunOps final : public Ops {
     const std::int64_t ow = (inp.dim(3) + 2 * pad - weight.dim(3)) / stride + 1;
     return {weight.dim(0), weight.dim(1) * weight.dim(2) * weight.dim(3), oh * ow};
   }
-  void attention(Tensor* out, Tensor& att, const Tensor& qkv, int n_head) {
-    const std::int64_t t = qkv.dim(1), hd = qkv.dim(2) / 3 / n_head;
+  static std::int64_t head_dim(const Tensor& qkv, int n_head, int n_kv_head) {
+    return qkv.dim(2) / (n_head + 2 * std::int64_t{n_kv_head});
+  }
+  void attention(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) {
+    const std::int64_t t = qkv.dim(1), hd = head_dim(qkv, n_head, n_kv_head);
     CachingAllocator& alloc = *(out ? out : &att)->allocator();
     lt_workspace(alloc);
     const Category ws = Category::workspace;

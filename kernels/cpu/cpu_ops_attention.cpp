@@ -1,6 +1,7 @@
-// Causal self-attention on packed qkv, one (batch, head) slice at a time.
+// Causal self-attention on packed qkv (the math kind: materialised probabilities), one
+// (batch, head) slice at a time; grouped-query heads share their kv head's columns.
 //
-// Each slice is three strided GEMMs straight on the packed tensors (lda = 3C) when they are
+// Each slice is three strided GEMMs straight on the packed tensors (lda = qkv's row) when they are
 // F32; 16-bit operands of a slice are converted into fp32 scratch sized for one slice only
 // (Category::workspace: OpenBLAS has no 16-bit GEMM, like the casts cuBLASLt needs on CUDA).
 // When every operand is F32 there is no scratch and the slices run one per thread (each GEMM
@@ -16,7 +17,9 @@
 // (Category::temporaries) once and reuses it for every sequence. The scaled scores, the
 // probabilities, dP and dS are rounded to qkv's dtype where CUDA writes them in it, and att, dout,
 // out and dqkv of another dtype pass through qkv's dtype as CUDA's casts do, so both backends
-// round at the same places (kernels/ops.h).
+// round at the same places (kernels/ops.h). Backward runs a kv head's query heads in turn in one
+// task, summing their dk and dv in fp32 (in dqkv when it is F32, else in the slice scratch), so the
+// sum's order is fixed and it is rounded once.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -43,15 +46,16 @@ struct QkvSlice {
 };
 
 QkvSlice qkv_slice(const Tensor& qkv, const Dims& d, std::int64_t b, std::int64_t h, Tensor* buf) {
-  const std::int64_t base = b * d.t * 3 * d.c + h * d.hd;
+  const std::int64_t row0 = b * d.t * d.w;
+  const std::int64_t cols[3] = {d.q_col(h), d.k_col(h), d.v_col(h)};
   if (!buf) {
-    const float* p = qkv.as<float>() + base;
-    return {p, p + d.c, p + 2 * d.c, 3 * d.c};
+    const float* p = qkv.as<float>() + row0;
+    return {p + cols[0], p + cols[1], p + cols[2], d.w};
   }
   float* s = buf->as<float>();
   for (std::int64_t t = 0; t < d.t; ++t)
     for (std::int64_t part = 0; part < 3; ++part)
-      read_f32(qkv, base + t * 3 * d.c + part * d.c, d.hd, s + (part * d.t + t) * d.hd);
+      read_f32(qkv, row0 + t * d.w + cols[part], d.hd, s + (part * d.t + t) * d.hd);
   return {s, s + d.t * d.hd, s + 2 * d.t * d.hd, d.hd};
 }
 
@@ -81,9 +85,10 @@ void round_to(DType t, float* p, std::int64_t n) {
   }
 }
 
-// att (B, NH, T, T) = causal softmax(scale · q·kᵀ), and optionally out (B, T, C) = att · v.
-void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, std::string_view op) {
-  const Dims d = check_attention_forward(op, out, att, qkv, n_head);
+// att (B, NH, T, T) = causal softmax(scale · q·kᵀ), and optionally out (B, T, NH·hd) = att · v.
+void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
+                    std::string_view op) {
+  const Dims d = check_attention_forward(op, out, att, qkv, n_head, n_kv_head);
   CachingAllocator& alloc = *(out ? out : &att)->allocator();
   auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, d.t, d.hd});
   auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {d.t, d.t});
@@ -113,7 +118,7 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, std
     round_to(qkv.dtype(), p, tt * tt);  // CUDA's softmax writes the probabilities in it
     if (att_buf) write_f32(att, att_off, tt * tt, p);
     if (!out) return;
-    const std::int64_t out_off = b * tt * d.c + h * d.hd;
+    const std::int64_t out_off = b * tt * d.c + d.q_col(h);
     float* o = out_buf ? out_buf->as<float>() : out->as<float>() + out_off;
     const std::int64_t ldo = out_buf ? d.hd : d.c;
     sgemm(false, false, tt, d.hd, tt, 1.0f, p, tt, s.v, s.ld, 0.0f, o, ldo);
@@ -137,23 +142,25 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, std
 
 }  // namespace
 
-void CpuOps::attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) {
-  attention_impl(&out, att, qkv, n_head, "attention_forward");
+void CpuOps::attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
+                               int n_kv_head) {
+  attention_impl(&out, att, qkv, n_head, n_kv_head, "attention_forward");
 }
 
-void CpuOps::attention_probs(Tensor& att, const Tensor& qkv, int n_head) {
-  attention_impl(nullptr, att, qkv, n_head, "attention_probs");
+void CpuOps::attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) {
+  attention_impl(nullptr, att, qkv, n_head, n_kv_head, "attention_probs");
 }
 
 void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                const Tensor& att, int n_head) {
-  const Dims d = check_attention_backward(dqkv, dout, qkv, att, n_head);
+                                const Tensor& att, int n_head, int n_kv_head) {
+  const Dims d = check_attention_backward(dqkv, dout, qkv, att, n_head, n_kv_head);
   CachingAllocator& alloc = *dqkv.allocator();
   const std::int64_t tt = d.t, hd = d.hd;
   const DType dt = qkv.dtype();
   // dP / dS of one sequence's heads (NH, T, T) in qkv's dtype, as on CUDA; fp32 copies of
   // 16-bit operands of one slice (workspace), including the fp32 dS of a 16-bit dP. With 16-bit
   // qkv, att and dout are copied whatever their dtype, to be read as qkv's dtype (ops.h).
+  // dqkv_buf holds one head's dq and its kv head's dk and dv, summed over the group before written.
   const bool lowp = dt != DType::F32;
   Tensor dp(alloc, {d.nh, tt, tt}, dt, Category::temporaries);
   auto qkv_buf = scratch_if(lowp, alloc, {3, tt, hd});
@@ -161,28 +168,34 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
   auto dout_buf = scratch_if(dout.dtype() != DType::F32 || lowp, alloc, {tt, hd});
   auto dqkv_buf = scratch_if(dqkv.dtype() != DType::F32, alloc, {3, tt, hd});
   auto ds_buf = scratch_if(lowp, alloc, {tt, tt});
+  // dqkv of another dtype than a 16-bit qkv is computed in qkv's dtype first, as CUDA's GEMMs
+  // write it: dq per head, dk and dv once their group is summed.
+  const bool round_dqkv = lowp && dqkv.dtype() != dt;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  auto slice = [&](std::int64_t b, std::int64_t h) {
+  // Query head h of sequence b; `first` says whether it is the first of its kv head's group
+  // (its dk, dv overwrite rather than add).
+  auto slice = [&](std::int64_t b, std::int64_t h, bool first) {
     const QkvSlice s = qkv_slice(qkv, d, b, h, qkv_buf ? &*qkv_buf : nullptr);
     const std::int64_t att_off = (b * d.nh + h) * tt * tt;
     const float* p = att_buf ? att_buf->as<float>() : att.as<float>() + att_off;
     if (att_buf) copy_f32(att, att_off, tt * tt, att_buf->as<float>());
     if (lowp && att.dtype() != dt) round_to(dt, att_buf->as<float>(), tt * tt);
-    const std::int64_t out_off = b * tt * d.c + h * d.hd;
+    const std::int64_t out_off = b * tt * d.c + d.q_col(h);
     const float* g = dout_buf ? dout_buf->as<float>() : dout.as<float>() + out_off;
     const std::int64_t ldg = dout_buf ? hd : d.c;
     if (dout_buf)
       for (std::int64_t t = 0; t < tt; ++t)
         copy_f32(dout, out_off + t * d.c, hd, dout_buf->as<float>() + t * hd);
     if (lowp && dout.dtype() != dt) round_to(dt, dout_buf->as<float>(), tt * hd);
-    const std::int64_t dq_off = b * tt * 3 * d.c + h * hd;
-    float* dq = dqkv_buf ? dqkv_buf->as<float>() : dqkv.as<float>() + dq_off;
-    float* dk = dqkv_buf ? dq + tt * hd : dq + d.c;
-    float* dv = dqkv_buf ? dq + 2 * tt * hd : dq + 2 * d.c;
-    const std::int64_t ldd = dqkv_buf ? hd : 3 * d.c;
+    const std::int64_t seq = b * tt * d.w;  // sequence b's first element in qkv and dqkv
+    float* dq = dqkv_buf ? dqkv_buf->as<float>() : dqkv.as<float>() + seq + d.q_col(h);
+    float* dk = dqkv_buf ? dq + tt * hd : dqkv.as<float>() + seq + d.k_col(h);
+    float* dv = dqkv_buf ? dq + 2 * tt * hd : dqkv.as<float>() + seq + d.v_col(h);
+    const std::int64_t ldd = dqkv_buf ? hd : d.w;
+    const float beta = first ? 0.0f : 1.0f;  // dk, dv: sum over the group's query heads
     const std::int64_t dp_off = h * tt * tt;
     float* ds = ds_buf ? ds_buf->as<float>() : dp.as<float>() + dp_off;
-    sgemm(true, false, tt, hd, tt, 1.0f, p, tt, g, ldg, 0.0f, dv, ldd);     // dV = Pᵀ·dO
+    sgemm(true, false, tt, hd, tt, 1.0f, p, tt, g, ldg, beta, dv, ldd);     // dV (+)= Pᵀ·dO
     sgemm(false, true, tt, tt, hd, 1.0f, g, ldg, s.v, s.ld, 0.0f, ds, tt);  // dP = dO·Vᵀ
     round_to(dt, ds, tt * tt);
     // Softmax backward per row: dS = P ⊙ (dP − Σ_j P·dP); masked entries have P = 0.
@@ -199,26 +212,41 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
     // figures: the CPU gate speaks for the GPU.)
     round_to(dt, ds, tt * tt);
     sgemm(false, false, tt, hd, tt, scale, ds, tt, s.k, s.ld, 0.0f, dq, ldd);  // dQ = s·dS·K
-    sgemm(true, false, tt, hd, tt, scale, ds, tt, s.q, s.ld, 0.0f, dk, ldd);   // dK = s·dSᵀ·Q
-    if (lowp && dqkv.dtype() != dt)  // CUDA's GEMMs write them in qkv's dtype first
-      for (float* part : {dq, dk, dv})
-        for (std::int64_t t = 0; t < tt; ++t) round_to(dt, part + t * ldd, hd);
-    if (dqkv_buf)
+    sgemm(true, false, tt, hd, tt, scale, ds, tt, s.q, s.ld, beta, dk, ldd);  // dK (+)= s·dSᵀ·Q
+    if (round_dqkv)
+      for (std::int64_t t = 0; t < tt; ++t) round_to(dt, dq + t * ldd, hd);
+    if (dqkv_buf)  // this head's dq; the group's dk, dv once summed
       for (std::int64_t t = 0; t < tt; ++t)
-        for (std::int64_t part = 0; part < 3; ++part)
-          write_f32(dqkv, dq_off + t * 3 * d.c + part * d.c, hd,
-                    dqkv_buf->as<float>() + (part * tt + t) * hd);
+        write_f32(dqkv, seq + t * d.w + d.q_col(h), hd, dqkv_buf->as<float>() + t * hd);
   };
-  // As in forward: all-fp32 slices of one sequence run one per thread (each head has its own
-  // slice of dP); otherwise in turn, sharing the conversion scratch.
+  auto group = [&](std::int64_t b, std::int64_t g) {
+    for (std::int64_t r = 0; r < d.group(); ++r) slice(b, g * d.group() + r, r == 0);
+    const std::int64_t h = g * d.group();
+    if (round_dqkv) {  // the group's summed dk, dv (in dqkv_buf, or F32 dqkv itself)
+      float* base = dqkv_buf ? dqkv_buf->as<float>() : dqkv.as<float>() + b * tt * d.w;
+      const std::int64_t ldd = dqkv_buf ? hd : d.w;
+      for (std::int64_t part = 1; part < 3; ++part) {
+        float* col =
+            dqkv_buf ? base + part * tt * hd : base + (part == 1 ? d.k_col(h) : d.v_col(h));
+        for (std::int64_t t = 0; t < tt; ++t) round_to(dt, col + t * ldd, hd);
+      }
+    }
+    if (!dqkv_buf) return;
+    for (std::int64_t t = 0; t < tt; ++t)
+      for (std::int64_t part = 1; part < 3; ++part)
+        write_f32(dqkv, (b * tt + t) * d.w + (part == 1 ? d.k_col(h) : d.v_col(h)), hd,
+                  dqkv_buf->as<float>() + (part * tt + t) * hd);
+  };
+  // As in forward: all-fp32 groups of one sequence run one per thread (each head has its own
+  // slice of dP, each kv head its own dk, dv columns); otherwise in turn, sharing the scratch.
   const bool parallel =
       !qkv_buf && !att_buf && !dout_buf && !dqkv_buf && !ds_buf && slices_in_parallel(d);
   for (std::int64_t b = 0; b < d.b; ++b) {
     if (parallel) {
 #pragma omp parallel for schedule(static)
-      for (std::int64_t h = 0; h < d.nh; ++h) slice(b, h);
+      for (std::int64_t g = 0; g < d.nkv; ++g) group(b, g);
     } else {
-      for (std::int64_t h = 0; h < d.nh; ++h) slice(b, h);
+      for (std::int64_t g = 0; g < d.nkv; ++g) group(b, g);
     }
   }
 }

@@ -129,10 +129,16 @@ class CpuOps final : public Ops {
   void softmax_forward(Tensor& out, const Tensor& inp) override;
   void softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) override;
 
-  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) override;
-  void attention_probs(Tensor& att, const Tensor& qkv, int n_head) override;
+  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
+                         int n_kv_head) override;
+  void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) override;
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          int n_head) override;
+                          int n_head, int n_kv_head) override;
+  void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
+                               int n_kv_head) override;
+  void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                const Tensor& out, const Tensor& lse, int n_head,
+                                int n_kv_head) override;
 
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte,
                          const Tensor& wpe) override;

@@ -18,11 +18,14 @@
 //     end of its call;
 //   - dtype casts that a library call needs because its operands differ in dtype (cuBLASLt wants
 //     A and B alike; cuDNN wants x, w, y alike), fp32 accumulators for 16-bit maxpool
-//     gradients, and the fp32 result of a 16-bit linear output whose bias is not fused (so that
-//     it is rounded once, with the bias in): Category::workspace, freed before returning;
+//     gradients and for the dqkv of 16-bit grouped-query attention, and the fp32 result of a
+//     16-bit linear output whose bias is not fused (so that it is rounded once, with the bias
+//     in): Category::workspace, freed before returning;
 //   - cuDNN convolution workspace and the embedding-gradient sort buffers: Category::workspace;
-//   - shared with the CPU: attention_backward's dP (NH, T, T) in qkv's dtype and the
-//     embedding-gradient order (Category::temporaries). The CPU's fp32 copies of 16-bit GEMM
+//   - shared with the CPU: attention_backward's dP (NH, T, T) in qkv's dtype, flash attention
+//     backward's D (B, NH, T) F32 and the embedding-gradient order (Category::temporaries);
+//   - flash attention's tiles are shared memory (kernels/cuda/flash_attention_block.h). The CPU's
+//   fp32 copies of 16-bit GEMM
 //     operands are its workspace, as the casts here are ours.
 #pragma once
 
@@ -191,10 +194,16 @@ class CudaOps final : public Ops {
   void softmax_forward(Tensor& out, const Tensor& inp) override;
   void softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) override;
 
-  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) override;
-  void attention_probs(Tensor& att, const Tensor& qkv, int n_head) override;
+  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
+                         int n_kv_head) override;
+  void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) override;
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          int n_head) override;
+                          int n_head, int n_kv_head) override;
+  void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
+                               int n_kv_head) override;
+  void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                const Tensor& out, const Tensor& lse, int n_head,
+                                int n_kv_head) override;
 
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte,
                          const Tensor& wpe) override;
@@ -246,7 +255,8 @@ class CudaOps final : public Ops {
   void* lt_workspace();
   void* small_scratch();
   cudnnHandle_t cudnn();  // created on first use: cuDNN loads its sub-libraries lazily
-  void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, std::string_view op);
+  void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
+                      std::string_view op);
 
   using ConvKey = std::array<std::int64_t, 12>;
   struct ConvDescs;  // cuDNN descriptors of one convolution (cuda_ops_conv.cpp)

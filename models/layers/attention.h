@@ -1,8 +1,15 @@
-// CausalSelfAttention (nanoGPT): c_attn (3C, C) -> causal softmax attention over n_head heads
-// -> c_proj (C, C).
+// CausalSelfAttention (nanoGPT, generalised to grouped-query attention): c_attn
+// ((NH + 2·NKV)·hd, C) -> causal softmax attention of n_head query heads over n_kv_head key/value
+// heads (kernels/ops.h: the packed layout and HF's repeat_kv mapping; GPT: NKV = NH, the
+// (B, T, 3C) layout) -> c_proj (C, NH·hd).
 //
-// Saved: "attn.inp" (c_attn input), "attn.qkv" (B, T, 3C), "attn.att" (B, NH, T, T) unless
-// selective (then recomputed in backward with Ops::attention_probs), "attn.y" (c_proj input).
+// The attention ops are those of RunOptions::attention (LayerCtx::attention). Saved:
+//   - both kinds: "attn.inp" (c_attn input), "attn.qkv" (B, T, (NH + 2·NKV)·hd), "attn.y"
+//     (B·T, NH·hd), c_proj's input and the attention output;
+//   - math: "attn.att" (B, NH, T, T) unless selective (then recomputed in backward with
+//     Ops::attention_probs);
+//   - flash: "attn.lse" (B, NH, T) F32 (backward recomputes the scores from qkv, y and lse);
+//     there is no (T, T) tensor, so selective checkpointing drops nothing here.
 #pragma once
 
 #include "models/layers/linear.h"
@@ -13,6 +20,7 @@ struct CausalSelfAttention {
   Linear c_attn;
   Linear c_proj;
   int n_head = 1;
+  int n_kv_head = 1;  // n_head's divisor; = n_head for multi-head attention
 };
 
 // inp (B·T, C), moved in (it is saved as c_attn's input) -> returns (B·T, C), a temporary.

@@ -19,6 +19,7 @@ struct LayerCtx {
   bool save = false;       // keep what backward needs (training, block not dropped)
   bool selective = false;  // skip saving what is cheap to recompute (selective checkpointing)
   bool recompute = false;  // re-running a forward for backward: no side effects (BN stats)
+  AttentionKind attention = AttentionKind::math;  // RunOptions::attention
 
   Ops& ops() { return dev.ops(); }
   Tensor& weight(int index) { return store.weight(index); }

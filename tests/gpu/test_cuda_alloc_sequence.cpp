@@ -65,13 +65,31 @@ void run_workload(Device& d, DType dt) {
     ops.linear_forward(qkv, ln, w, &bias);
     Tensor att = d.empty({b, nh, t, t}, dt, Category::activations);
     Tensor y = d.empty({b, t, c}, dt, Category::activations);
-    ops.attention_forward(y, att, qkv, static_cast<int>(nh));
+    ops.attention_forward(y, att, qkv, static_cast<int>(nh), static_cast<int>(nh));
     {
       Tensor dyatt = d.empty({b, t, c}, dt, Category::temporaries);
       ops.fill(dyatt, 0.02f);
       Tensor dqkv_att = d.empty({b, t, 3 * c}, dt, Category::temporaries);
-      ops.attention_backward(dqkv_att, dyatt, qkv, att, static_cast<int>(nh));
-      ops.attention_probs(att, qkv, static_cast<int>(nh));
+      ops.attention_backward(dqkv_att, dyatt, qkv, att, static_cast<int>(nh), static_cast<int>(nh));
+      ops.attention_probs(att, qkv, static_cast<int>(nh), static_cast<int>(nh));
+    }
+    {  // flash attention on the same qkv; grouped-query math attention (NKV = 2)
+      Tensor lse = d.empty({b, nh, t}, DType::F32, Category::activations);
+      Tensor yf = d.empty({b, t, c}, dt, Category::activations);
+      ops.flash_attention_forward(yf, lse, qkv, static_cast<int>(nh), static_cast<int>(nh));
+      Tensor dyf = d.empty({b, t, c}, dt, Category::temporaries);
+      ops.fill(dyf, 0.02f);
+      Tensor dqf = d.empty({b, t, 3 * c}, dt, Category::temporaries);
+      ops.flash_attention_backward(dqf, dyf, qkv, yf, lse, static_cast<int>(nh),
+                                   static_cast<int>(nh));
+      const std::int64_t nkv = 2, wg = (nh + 2 * nkv) * (c / nh);
+      Tensor qg = d.empty({b, t, wg}, dt, Category::activations);
+      d.from_host_f32(qg, gputest::random_values(b * t * wg, 7));
+      Tensor ag = d.empty({b, nh, t, t}, dt, Category::activations);
+      Tensor yg = d.empty({b, t, c}, dt, Category::activations);
+      ops.attention_forward(yg, ag, qg, static_cast<int>(nh), static_cast<int>(nkv));
+      Tensor dqg = d.empty({b, t, wg}, dt, Category::temporaries);
+      ops.attention_backward(dqg, dyf, qg, ag, static_cast<int>(nh), static_cast<int>(nkv));
     }
     ops.gelu_forward(y, y);
     Tensor logits = d.empty({b * t, v}, dt, Category::activations);

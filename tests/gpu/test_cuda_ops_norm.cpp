@@ -110,16 +110,19 @@ TEST_P(CudaNorm, AttentionForwardProbsBackward) {
   const DType t = GetParam();
   struct Case {
     std::int64_t b, tt, c;
-    int nh;
+    int nh, nkv;  // grouped-query when nkv < nh
   };
-  for (Case k : {Case{2, 16, 32, 4}, Case{3, 64, 96, 2}, Case{1, 129, 64, 1}}) {
-    const Shape qkv_s{k.b, k.tt, 3 * k.c};
+  for (Case k : {Case{2, 16, 32, 4, 4}, Case{3, 64, 96, 2, 2}, Case{1, 129, 64, 1, 1},
+                 Case{2, 33, 64, 4, 2}, Case{1, 65, 96, 6, 1}}) {
+    const std::int64_t hd = k.c / k.nh;
+    const Shape qkv_s{k.b, k.tt, (k.nh + 2 * k.nkv) * hd};
     Pair qkv = rand(qkv_s, t, 9, -2.0f, 2.0f);
     Pair out = full({k.b, k.tt, k.c}, t, 0.0f);
     Pair att = full({k.b, k.nh, k.tt, k.tt}, t, 0.0f);
-    cpu_ops().attention_forward(out.cpu, att.cpu, qkv.cpu, k.nh);
-    gpu_ops().attention_forward(out.gpu, att.gpu, qkv.gpu, k.nh);
-    const std::string tag = gputest::cat(" B", k.b, " T", k.tt, " C", k.c, " NH", k.nh);
+    cpu_ops().attention_forward(out.cpu, att.cpu, qkv.cpu, k.nh, k.nkv);
+    gpu_ops().attention_forward(out.gpu, att.gpu, qkv.gpu, k.nh, k.nkv);
+    const std::string tag =
+        gputest::cat(" B", k.b, " T", k.tt, " C", k.c, " NH", k.nh, " NKV", k.nkv);
     // 16-bit: the GPU rounds the scores and the probabilities before their next use.
     const float lp = t == DType::F32 ? 0.0f : 1.0f;
     expect_close(att, Tol{1e-6f + lp * 2 * dtype_eps(t), 0, 4},
@@ -127,8 +130,8 @@ TEST_P(CudaNorm, AttentionForwardProbsBackward) {
     expect_close(out, Tol{1e-5f, lp * 4 * dtype_eps(t), 4}, gputest::cat("attention out", tag));
 
     Pair probs = full({k.b, k.nh, k.tt, k.tt}, t, 0.5f);
-    cpu_ops().attention_probs(probs.cpu, qkv.cpu, k.nh);
-    gpu_ops().attention_probs(probs.gpu, qkv.gpu, k.nh);
+    cpu_ops().attention_probs(probs.cpu, qkv.cpu, k.nh, k.nkv);
+    gpu_ops().attention_probs(probs.gpu, qkv.gpu, k.nh, k.nkv);
     expect_close(probs, Tol{1e-6f + lp * 2 * dtype_eps(t), 0, 4},
                  gputest::cat("attention_probs", tag));
 
@@ -136,8 +139,8 @@ TEST_P(CudaNorm, AttentionForwardProbsBackward) {
     Pair dqkv = full(qkv_s, t, 7.0f);  // overwritten entirely
     // Both backends start from the same probabilities (the CPU's).
     Pair att_ref = make({k.b, k.nh, k.tt, k.tt}, t, cpu_->to_host_f32(att.cpu));
-    cpu_ops().attention_backward(dqkv.cpu, dout.cpu, qkv.cpu, att_ref.cpu, k.nh);
-    gpu_ops().attention_backward(dqkv.gpu, dout.gpu, qkv.gpu, att_ref.gpu, k.nh);
+    cpu_ops().attention_backward(dqkv.cpu, dout.cpu, qkv.cpu, att_ref.cpu, k.nh, k.nkv);
+    gpu_ops().attention_backward(dqkv.gpu, dout.gpu, qkv.gpu, att_ref.gpu, k.nh, k.nkv);
     expect_close(dqkv, Tol{1e-5f, 1e-5f + lp * 8 * dtype_eps(t), 4},
                  gputest::cat("attention dqkv", tag));
   }
@@ -148,8 +151,8 @@ TEST_P(CudaNorm, AttentionWithF32ProbabilitiesOf16BitQkv) {
   Pair qkv = rand({2, 32, 3 * 64}, t, 11, -2.0f, 2.0f);
   Pair att = full({2, 4, 32, 32}, DType::F32, 0.0f);
   Pair out = full({2, 32, 64}, t, 0.0f);
-  cpu_ops().attention_forward(out.cpu, att.cpu, qkv.cpu, 4);
-  gpu_ops().attention_forward(out.gpu, att.gpu, qkv.gpu, 4);
+  cpu_ops().attention_forward(out.cpu, att.cpu, qkv.cpu, 4, 4);
+  gpu_ops().attention_forward(out.gpu, att.gpu, qkv.gpu, 4, 4);
   const float lp = t == DType::F32 ? 0.0f : 1.0f;
   expect_close(att, Tol{1e-6f + lp * 2 * dtype_eps(t), 0, 4}, "f32 probabilities");
   expect_close(out, Tol{1e-5f, lp * 4 * dtype_eps(t), 4}, "out");
@@ -158,8 +161,8 @@ TEST_P(CudaNorm, AttentionWithF32ProbabilitiesOf16BitQkv) {
   Pair dout = rand({2, 32, 64}, DType::F32, 12);
   Pair dqkv = full({2, 32, 3 * 64}, DType::F32, 7.0f);
   Pair att_ref = make({2, 4, 32, 32}, DType::F32, cpu_->to_host_f32(att.cpu));
-  cpu_ops().attention_backward(dqkv.cpu, dout.cpu, qkv.cpu, att_ref.cpu, 4);
-  gpu_ops().attention_backward(dqkv.gpu, dout.gpu, qkv.gpu, att_ref.gpu, 4);
+  cpu_ops().attention_backward(dqkv.cpu, dout.cpu, qkv.cpu, att_ref.cpu, 4, 4);
+  gpu_ops().attention_backward(dqkv.gpu, dout.gpu, qkv.gpu, att_ref.gpu, 4, 4);
   expect_close(dqkv, Tol{1e-5f, 1e-5f + lp * 8 * dtype_eps(t), 4}, "f32 dqkv from f32 dout");
 }
 

@@ -1,59 +1,32 @@
-// Causal self-attention on packed qkv against a naive double implementation.
-#include "tests/kernels/test_cpu_ops_common.h"
+// Causal self-attention (math) on packed qkv against a naive double implementation.
+#include "tests/kernels/attention_reference.h"
 
 namespace memtrade::test {
 namespace {
-
-// nanoGPT packing: q = qkv[..., 0:C], k = [C:2C], v = [2C:3C]; head h uses columns h·hd.
-Vec ref_attention(const Vec& qkv, int b_n, int t_n, int c, int nh, Vec* att = nullptr) {
-  const int hd = c / nh;
-  Vec out(b_n * t_n * c, 0.0);
-  if (att) att->assign(static_cast<std::size_t>(b_n) * nh * t_n * t_n, 0.0);
-  for (int b = 0; b < b_n; ++b)
-    for (int h = 0; h < nh; ++h)
-      for (int t = 0; t < t_n; ++t) {
-        auto at = [&](int tt, int part, int i) {
-          return qkv[(b * t_n + tt) * 3 * c + part * c + h * hd + i];
-        };
-        Vec s(t + 1);
-        double mx = -1e300;
-        for (int j = 0; j <= t; ++j) {
-          double d = 0;
-          for (int i = 0; i < hd; ++i) d += at(t, 0, i) * at(j, 1, i);
-          s[j] = d / std::sqrt(static_cast<double>(hd));
-          mx = std::max(mx, s[j]);
-        }
-        double sum = 0;
-        for (int j = 0; j <= t; ++j) sum += (s[j] = std::exp(s[j] - mx));
-        for (int j = 0; j <= t; ++j) {
-          const double p = s[j] / sum;
-          if (att) (*att)[((b * nh + h) * t_n + t) * t_n + j] = p;
-          for (int i = 0; i < hd; ++i) out[(b * t_n + t) * c + h * hd + i] += p * at(j, 2, i);
-        }
-      }
-  return out;
-}
 
 TEST_F(OpsTest, AttentionForwardBackward) {
   const int b = 2, t = 5, c = 8, nh = 2;
   auto qkv = rand_vec(b * t * 3 * c, 1, 1.5f), r = rand_vec(b * t * c, 2);
   Tensor tq = make({b, t, 3 * c}, qkv), out = garbage({b, t, c}), att = garbage({b, nh, t, t});
-  ops().attention_forward(out, att, tq, nh);
+  ops().attention_forward(out, att, tq, nh, nh);
   Vec want_att;
-  const Vec want = ref_attention(to_d(qkv), b, t, c, nh, &want_att);
+  const Vec want = ref_attention(to_d(qkv), {b, t, nh, nh, c / nh}, &want_att);
   expect_close(get(out), want, 1e-6, 1e-5, "attention out");
   expect_close(get(att), want_att, 1e-7, 1e-5, "attention probs (zeros above the diagonal)");
 
   Tensor att2 = garbage({b, nh, t, t});
-  ops().attention_probs(att2, tq, nh);
+  ops().attention_probs(att2, tq, nh, nh);
   expect_close(get(att2), want_att, 1e-7, 1e-5, "attention_probs");
 
   Tensor dout = make({b, t, c}, r), dqkv = garbage({b, t, 3 * c});
-  ops().attention_backward(dqkv, dout, tq, att, nh);
-  expect_close(
-      get(dqkv),
-      fd_grad([&](const Vec& v) { return ref_attention(v, b, t, c, nh); }, to_d(qkv), to_d(r)),
-      1e-5, 1e-4, "attention dqkv");
+  ops().attention_backward(dqkv, dout, tq, att, nh, nh);
+  expect_close(get(dqkv),
+               fd_grad(
+                   [&](const Vec& v) {
+                     return ref_attention(v, {b, t, nh, nh, c / nh});
+                   },
+                   to_d(qkv), to_d(r)),
+               1e-5, 1e-4, "attention dqkv");
 }
 
 TEST_F(OpsTest, AttentionLongerSequence) {
@@ -61,8 +34,9 @@ TEST_F(OpsTest, AttentionLongerSequence) {
   const int b = 1, t = 40, c = 12, nh = 3;
   auto qkv = rand_vec(b * t * 3 * c, 3, 2.0f);
   Tensor tq = make({b, t, 3 * c}, qkv), out = garbage({b, t, c}), att = garbage({b, nh, t, t});
-  ops().attention_forward(out, att, tq, nh);
-  expect_close(get(out), ref_attention(to_d(qkv), b, t, c, nh), 1e-6, 1e-5, "attention T=40");
+  ops().attention_forward(out, att, tq, nh, nh);
+  expect_close(get(out), ref_attention(to_d(qkv), {b, t, nh, nh, c / nh}), 1e-6, 1e-5,
+               "attention T=40");
 }
 
 // T·T·hd = 2^18: the slices run one per thread. Forward against the double reference;
@@ -72,10 +46,11 @@ TEST_F(OpsTest, AttentionSlicesInParallelMatchOneHeadAtATime) {
   const int b = 2, t = 64, c = 128, nh = 2, hd = c / nh;
   auto qkv = rand_vec(b * t * 3 * c, 5, 1.0f), r = rand_vec(b * t * c, 6);
   Tensor tq = make({b, t, 3 * c}, qkv), out = garbage({b, t, c}), att = garbage({b, nh, t, t});
-  ops().attention_forward(out, att, tq, nh);
-  expect_close(get(out), ref_attention(to_d(qkv), b, t, c, nh), 1e-6, 1e-5, "attention out");
+  ops().attention_forward(out, att, tq, nh, nh);
+  expect_close(get(out), ref_attention(to_d(qkv), {b, t, nh, nh, c / nh}), 1e-6, 1e-5,
+               "attention out");
   Tensor dout = make({b, t, c}, r), dqkv = garbage({b, t, 3 * c});
-  ops().attention_backward(dqkv, dout, tq, att, nh);
+  ops().attention_backward(dqkv, dout, tq, att, nh, nh);
   const std::vector<float> got = get(dqkv);
   for (int h = 0; h < nh; ++h) {
     std::vector<float> q1(b * t * 3 * hd), r1(b * t * hd);
@@ -87,8 +62,8 @@ TEST_F(OpsTest, AttentionSlicesInParallelMatchOneHeadAtATime) {
     }
     Tensor tq1 = make({b, t, 3 * hd}, q1), out1 = garbage({b, t, hd}), att1 = garbage({b, 1, t, t}),
            dqkv1 = garbage({b, t, 3 * hd});
-    ops().attention_forward(out1, att1, tq1, 1);
-    ops().attention_backward(dqkv1, make({b, t, hd}, r1), tq1, att1, 1);
+    ops().attention_forward(out1, att1, tq1, 1, 1);
+    ops().attention_backward(dqkv1, make({b, t, hd}, r1), tq1, att1, 1, 1);
     const std::vector<float> want = get(dqkv1);
     int bad = 0;
     for (int bt = 0; bt < b * t; ++bt)
@@ -109,10 +84,10 @@ TEST_F(OpsTest, AttentionOf16BitQkvReadsAndWritesThroughItsDtype) {
     SCOPED_TRACE(dtype_name(lp));
     Tensor tq = make({b, t, 3 * c}, rand_vec(b * t * 3 * c, 7, 1.5f), lp);
     Tensor out = garbage({b, t, c}, lp), att = garbage({b, nh, t, t}, lp);
-    ops().attention_forward(out, att, tq, nh);
+    ops().attention_forward(out, att, tq, nh, nh);
     for (DType ot : {DType::F32, other}) {
       Tensor out2 = garbage({b, t, c}, ot), att2 = garbage({b, nh, t, t}, ot);
-      ops().attention_forward(out2, att2, tq, nh);
+      ops().attention_forward(out2, att2, tq, nh, nh);
       EXPECT_EQ(get(out2), quantize(get(out), ot)) << "out " << dtype_name(ot);
       EXPECT_EQ(get(att2), quantize(get(att), ot)) << "att " << dtype_name(ot);
     }
@@ -120,22 +95,94 @@ TEST_F(OpsTest, AttentionOf16BitQkvReadsAndWritesThroughItsDtype) {
     const std::vector<float> r = rand_vec(b * t * c, 8), p = rand_vec(b * nh * t * t, 9);
     Tensor dqkv = garbage({b, t, 3 * c}, lp);
     ops().attention_backward(dqkv, make({b, t, c}, quantize(r, lp), lp), tq,
-                             make({b, nh, t, t}, quantize(p, lp), lp), nh);
+                             make({b, nh, t, t}, quantize(p, lp), lp), nh, nh);
     for (DType dt : {DType::F32, other}) {
       Tensor dqkv2 = garbage({b, t, 3 * c}, dt);
-      ops().attention_backward(dqkv2, make({b, t, c}, r), tq, make({b, nh, t, t}, p), nh);
+      ops().attention_backward(dqkv2, make({b, t, c}, r), tq, make({b, nh, t, t}, p), nh, nh);
       EXPECT_EQ(get(dqkv2), quantize(get(dqkv), dt)) << "dqkv " << dtype_name(dt);
     }
   }
 }
 
+// Grouped-query attention: query head h uses kv head h / (NH / NKV). Forward against the
+// double reference; backward against its finite differences (a kv head's dk, dv sum over the
+// group's query heads).
+TEST_F(OpsTest, AttentionGroupedQueryForwardBackward) {
+  for (int nkv : {2, 1}) {
+    SCOPED_TRACE("n_kv_head " + std::to_string(nkv));
+    const AttnShape s{2, 6, 4, nkv, 3};
+    auto qkv = rand_vec(s.qkv_numel(), 20 + nkv, 1.5f), r = rand_vec(s.out_numel(), 30 + nkv);
+    Tensor tq = make({s.b, s.t, s.w()}, qkv), out = garbage({s.b, s.t, s.c()}),
+           att = garbage({s.b, s.nh, s.t, s.t});
+    ops().attention_forward(out, att, tq, s.nh, s.nkv);
+    Vec want_att;
+    expect_close(get(out), ref_attention(to_d(qkv), s, &want_att), 1e-6, 1e-5, "GQA out");
+    expect_close(get(att), want_att, 1e-7, 1e-5, "GQA probabilities");
+    Tensor att2 = garbage({s.b, s.nh, s.t, s.t});
+    ops().attention_probs(att2, tq, s.nh, s.nkv);
+    expect_close(get(att2), want_att, 1e-7, 1e-5, "GQA attention_probs");
+    Tensor dqkv = garbage({s.b, s.t, s.w()});
+    ops().attention_backward(dqkv, make({s.b, s.t, s.c()}, r), tq, att, s.nh, s.nkv);
+    expect_close(get(dqkv),
+                 fd_grad([&](const Vec& v) { return ref_attention(v, s); }, to_d(qkv), to_d(r)),
+                 1e-5, 1e-4, "GQA dqkv");
+  }
+}
+
+// HF's repeat_kv definition: GQA equals multi-head attention on qkv whose kv heads are repeated
+// per query head, and a kv head's gradient is the sum of its copies'. T·T·hd = 2^18: the groups
+// run one per thread.
+TEST_F(OpsTest, AttentionGroupedQueryIsMultiHeadOnRepeatedKv) {
+  const AttnShape s{2, 64, 4, 2, 64}, m{2, 64, 4, 4, 64};
+  const int rep = s.nh / s.nkv;
+  auto qkv = rand_vec(s.qkv_numel(), 40, 1.0f), r = rand_vec(s.out_numel(), 41);
+  std::vector<float> wide(m.qkv_numel());  // q as is, kv head h / rep for head h
+  for (int bt = 0; bt < s.b * s.t; ++bt)
+    for (int h = 0; h < s.nh; ++h)
+      for (int i = 0; i < s.hd; ++i) {
+        const float* row = qkv.data() + static_cast<std::size_t>(bt) * s.w();
+        float* wrow = wide.data() + static_cast<std::size_t>(bt) * m.w();
+        wrow[h * s.hd + i] = row[h * s.hd + i];
+        wrow[(m.nh + h) * s.hd + i] = row[(s.nh + h / rep) * s.hd + i];
+        wrow[(m.nh + m.nkv + h) * s.hd + i] = row[(s.nh + s.nkv + h / rep) * s.hd + i];
+      }
+  Tensor tq = make({s.b, s.t, s.w()}, qkv), tw = make({m.b, m.t, m.w()}, wide);
+  Tensor out = garbage({s.b, s.t, s.c()}), att = garbage({s.b, s.nh, s.t, s.t});
+  Tensor outw = garbage({s.b, s.t, s.c()}), attw = garbage({s.b, s.nh, s.t, s.t});
+  ops().attention_forward(out, att, tq, s.nh, s.nkv);
+  ops().attention_forward(outw, attw, tw, m.nh, m.nkv);
+  EXPECT_TRUE(get(out) == get(outw)) << "the same GEMMs on the same values";
+  Tensor dout = make({s.b, s.t, s.c()}, r), dq = garbage({s.b, s.t, s.w()}),
+         dw = garbage({m.b, m.t, m.w()});
+  ops().attention_backward(dq, dout, tq, att, s.nh, s.nkv);
+  ops().attention_backward(dw, dout, tw, attw, m.nh, m.nkv);
+  const std::vector<float> got = get(dq), gw = get(dw);
+  Vec want(got.size(), 0.0);
+  for (int bt = 0; bt < s.b * s.t; ++bt)
+    for (int h = 0; h < s.nh; ++h)
+      for (int i = 0; i < s.hd; ++i) {
+        const std::size_t o = static_cast<std::size_t>(bt) * s.w(),
+                          ow = static_cast<std::size_t>(bt) * m.w();
+        want[o + h * s.hd + i] = gw[ow + h * s.hd + i];
+        want[o + (s.nh + h / rep) * s.hd + i] += gw[ow + (m.nh + h) * s.hd + i];
+        want[o + (s.nh + s.nkv + h / rep) * s.hd + i] += gw[ow + (m.nh + m.nkv + h) * s.hd + i];
+      }
+  expect_close(got, want, 1e-7, 1e-6, "GQA dqkv vs summed repeated heads");
+}
+
 TEST_F(OpsTest, AttentionRejectsBadShapes) {
   Tensor tq = zeros({2, 5, 24}), out = zeros({2, 5, 8}), att = zeros({2, 2, 5, 5});
-  EXPECT_THROW(ops().attention_forward(out, att, tq, 3), std::invalid_argument);  // 8 % 3
+  EXPECT_THROW(ops().attention_forward(out, att, tq, 3, 3), std::invalid_argument);  // 8 % 3
   Tensor att_bad = zeros({2, 2, 5, 4});
-  EXPECT_THROW(ops().attention_forward(out, att_bad, tq, 2), std::invalid_argument);
+  EXPECT_THROW(ops().attention_forward(out, att_bad, tq, 2, 2), std::invalid_argument);
   Tensor tq_bad = zeros({2, 5, 25});
-  EXPECT_THROW(ops().attention_probs(att, tq_bad, 1), std::invalid_argument);
+  EXPECT_THROW(ops().attention_probs(att, tq_bad, 1, 1), std::invalid_argument);
+  // Grouped-query: n_head a multiple of n_kv_head, qkv (NH + 2·NKV)·hd wide.
+  Tensor tq_gqa = zeros({2, 5, 16}), out_gqa = zeros({2, 5, 8}), att_gqa = zeros({2, 4, 5, 5});
+  EXPECT_NO_THROW(ops().attention_forward(out_gqa, att_gqa, tq_gqa, 4, 2));  // hd 2
+  EXPECT_THROW(ops().attention_forward(out_gqa, att_gqa, tq_gqa, 4, 3), std::invalid_argument);
+  EXPECT_THROW(ops().attention_forward(out_gqa, att_gqa, tq_gqa, 4, 0), std::invalid_argument);
+  EXPECT_THROW(ops().attention_forward(out_gqa, att_gqa, tq_gqa, 3, 1), std::invalid_argument);
 }
 
 }  // namespace

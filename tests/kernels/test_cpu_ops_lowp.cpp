@@ -146,11 +146,12 @@ TEST_P(LowpTest, AttentionOps) {
   // rounding moves its probability by ~|score|·eps), backward a quarter ulp (outputs ~0.02).
   compare(
       "attention", {{{b, t, 3 * c}, qkv}, {{b, t, c}, {}}, {{b, nh, t, t}, {}}}, {1, 2},
-      [](Ops& o, auto& ts) { o.attention_forward(ts[1], ts[2], ts[0], 2); }, dtype_eps(GetParam()));
+      [](Ops& o, auto& ts) { o.attention_forward(ts[1], ts[2], ts[0], 2, 2); },
+      dtype_eps(GetParam()));
   compare(
       "attention_backward",
       {{{b, t, 3 * c}, qkv}, {{b, t, c}, g}, {{b, nh, t, t}, att}, {{b, t, 3 * c}, {}}}, {3},
-      [](Ops& o, auto& ts) { o.attention_backward(ts[3], ts[1], ts[0], ts[2], 2); },
+      [](Ops& o, auto& ts) { o.attention_backward(ts[3], ts[1], ts[0], ts[2], 2, 2); },
       0.25 * dtype_eps(GetParam()));
 }
 
@@ -291,10 +292,10 @@ TEST_F(OpsTest, ScratchIsAccountedAndFreed) {
   const int b = 1, t = 16, c = 8;
   Tensor qkv = make({b, t, 3 * c}, rand_vec(b * t * 3 * c, 34)), att = zeros({b, 2, t, t}),
          out = zeros({b, t, c}), dq = zeros({b, t, 3 * c});
-  ops().attention_forward(out, att, qkv, 2);
+  ops().attention_forward(out, att, qkv, 2, 2);
   auto before = mem().stats().allocated.current;
   mem().reset_peak();
-  ops().attention_backward(dq, out, qkv, att, 2);
+  ops().attention_backward(dq, out, qkv, att, 2, 2);
   EXPECT_EQ(mem().stats().allocated.current, before);
   EXPECT_GE(mem().stats().allocated.peak - before, t * t * 4);
   EXPECT_GT(mem().stats().by_category_at_peak[static_cast<int>(Category::temporaries)], 0);
