@@ -100,11 +100,13 @@ void register_compare(CLI::App& app, Commands& cmds) {
   cmd->add_flag("--fail-on-inconclusive", a.fail_on_inconclusive,
                 "Exit 1 when a gated metric is inconclusive (too few samples)");
   cmd->add_flag("--verbose,-v", a.verbose, "Text: list unchanged rows too");
-  cmd->add_flag("--allow-removed", a.allow_removed,
-                "A deliberate grid change: points of BASE missing from HEAD are listed, not failed");
-  cmd->add_option("--rename", a.renames,
-                  "A deliberate id change, OLD_ID=NEW_ID: judge BASE's OLD_ID against HEAD's NEW_ID "
-                  "(repeatable)")
+  cmd->add_flag(
+      "--allow-removed", a.allow_removed,
+      "A deliberate grid change: points of BASE missing from HEAD are listed, not failed");
+  cmd->add_option(
+         "--rename", a.renames,
+         "A deliberate id change, OLD_ID=NEW_ID: judge BASE's OLD_ID against HEAD's NEW_ID "
+         "(repeatable)")
       ->allow_extra_args(false);
   cmd->add_option("--rename-map", a.rename_map,
                   "JSON object {\"old id\": \"new id\", ...}, as --rename for many points")

@@ -259,7 +259,8 @@ int cmd_knobs(const std::string& format) {
     return 0;
   }
   if (format == "markdown") {
-    fmt::print("| axis | flag | id | default | values | what it changes |\n|---|---|---|---|---|---|\n");
+    fmt::print(
+        "| axis | flag | id | default | values | what it changes |\n|---|---|---|---|---|---|\n");
     for (const Knob& k : knobs()) {
       const auto choices = k.choices();
       const std::string values =

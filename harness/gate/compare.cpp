@@ -2,9 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
-#include <algorithm>
 #include <set>
 
 #include "harness/common/bad_input.h"
@@ -170,7 +170,8 @@ Comparison compare_results(const ResultSet& base, const ResultSet& head,
   for (const auto& [from, to] : rules.renames)
     if (std::none_of(base.points.begin(), base.points.end(),
                      [&](const PointData& p) { return p.id == from; }))
-      throw BadInput(fmt::format("rename {} -> {}: {} has no point {}", from, to, base.label, from));
+      throw BadInput(
+          fmt::format("rename {} -> {}: {} has no point {}", from, to, base.label, from));
   std::set<std::string> head_ids;
   std::vector<std::size_t> tested;  // rows with a raw p-value, for the correction
 
@@ -213,10 +214,10 @@ Comparison compare_results(const ResultSet& base, const ResultSet& head,
   for (const auto& [id, b] : base_by_id)
     if (!head_ids.contains(id)) c.removed.push_back(b->id);
   if (c.matched == 0)
-    throw BadInput(fmt::format(
-        "nothing to judge: no point of {} ({} points) is in {} ({} points){}", head.label,
-        head.points.size(), base.label, base.points.size(),
-        head.points.empty() ? "" : " (different grids? renamed ids? see --rename)"));
+    throw BadInput(
+        fmt::format("nothing to judge: no point of {} ({} points) is in {} ({} points){}",
+                    head.label, head.points.size(), base.label, base.points.size(),
+                    head.points.empty() ? "" : " (different grids? renamed ids? see --rename)"));
 
   // One Benjamini-Hochberg family: every tested time/throughput metric of every point.
   std::vector<double> raw;
@@ -233,7 +234,8 @@ Comparison compare_results(const ResultSet& base, const ResultSet& head,
 std::map<std::string, std::string> load_rename_map(const std::string& path) {
   const nlohmann::json doc = read_json_file(path);
   if (!doc.is_object())
-    throw BadInput(fmt::format("{}: a rename map is a JSON object {{\"old id\": \"new id\"}}", path));
+    throw BadInput(
+        fmt::format("{}: a rename map is a JSON object {{\"old id\": \"new id\"}}", path));
   std::map<std::string, std::string> out;
   for (const auto& [from, to] : doc.items()) {
     if (!to.is_string())

@@ -80,7 +80,7 @@ struct GateRules {
 struct Comparison {
   std::string base_label, head_label;
   nlohmann::json base_meta, head_meta;
-  std::vector<CompareRow> rows;  // point order of head, then metric order
+  std::vector<CompareRow> rows;      // point order of head, then metric order
   std::vector<std::string> added;    // in HEAD only: reported, never judged
   std::vector<std::string> removed;  // in BASE only (after renames)
   std::vector<std::pair<std::string, std::string>> renamed;  // applied renames, base -> head

@@ -79,9 +79,8 @@ std::string commit_of(const nlohmann::json& meta) {
 std::string summary_line(const Comparison& c) {
   const std::size_t gated = c.gated_regressions();
   const std::size_t reg = c.count(Verdict::regression);
-  std::string head = gated > 0 || c.removed_fails()
-                         ? "FAIL"
-                         : (c.exit_code() ? "FAIL (inconclusive)" : "PASS");
+  std::string head =
+      gated > 0 || c.removed_fails() ? "FAIL" : (c.exit_code() ? "FAIL (inconclusive)" : "PASS");
   std::string out = fmt::format(
       "{}: {} regression{}{}, {} improvement{}, {} inconclusive, {} unchanged", head, reg,
       reg == 1 ? "" : "s", reg > gated ? fmt::format(" ({} not gated)", reg - gated) : "",

@@ -55,8 +55,9 @@ std::string report_markdown(const Comparison& c) {
   if (c.removed_fails()) {
     out += "\n### Missing from head (failure)\n\n";
     for (const auto& id : c.removed) out += fmt::format("- `{}`\n", cell(id));
-    out += "\nA run that lost points, or a change that renamed them, fails the gate; declare a "
-           "deliberate grid change with `--allow-removed` or `--rename OLD=NEW`.\n";
+    out +=
+        "\nA run that lost points, or a change that renamed them, fails the gate; declare a "
+        "deliberate grid change with `--allow-removed` or `--rename OLD=NEW`.\n";
   }
   if (!c.added.empty() || (!c.removed.empty() && !c.removed_fails()) || !c.renamed.empty()) {
     out += "\n### Added, removed and renamed points\n\n";

@@ -42,7 +42,8 @@ std::string report_text(const Comparison& c, bool color, bool verbose) {
   // A point BASE has and HEAD lost is a failure unless the change was declared.
   const std::string missing = c.removed_fails() ? paint("missing      ", "31") : "removed      ";
   for (const auto& id : c.removed) out += fmt::format("  {} {}\n", missing, id);
-  for (const auto& [from, to] : c.renamed) out += fmt::format("  renamed       {} -> {}\n", from, to);
+  for (const auto& [from, to] : c.renamed)
+    out += fmt::format("  renamed       {} -> {}\n", from, to);
   for (const auto& id : c.added) out += fmt::format("  added         {} (not judged)\n", id);
   return out;
 }

@@ -7,8 +7,8 @@
 
 #include "harness/run/npy.h"
 #include "models/knobs.h"
-#include "models/saved_tensors.h"
 #include "models/optimizer.h"
+#include "models/saved_tensors.h"
 #include "models/trainer.h"
 
 namespace memtrade {

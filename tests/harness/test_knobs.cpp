@@ -78,9 +78,9 @@ TEST(Knobs, EveryValueThroughFlagsIdsJsonAndGrid) {
 
       // Point id: the value shows where the rule says so, and ids tell configs apart.
       const std::string id = point_id(expected);
-      const bool shown = k.id_rule == IdRule::always ||
-                         (k.applies(expected) && (k.id_rule == IdRule::when_applies ||
-                                                  v != k.default_text()));
+      const bool shown =
+          k.id_rule == IdRule::always ||
+          (k.applies(expected) && (k.id_rule == IdRule::when_applies || v != k.default_text()));
       if (shown) {
         EXPECT_NE(id.find(k.id_prefix + v), std::string::npos) << id;
       }
@@ -96,8 +96,8 @@ TEST(Knobs, EveryValueThroughFlagsIdsJsonAndGrid) {
       EXPECT_EQ(k.get(config_from_json(j)), v);
 
       // A grid file: the axis key with the value, in its TOML type.
-      const Grid g = parse_grid(
-          fmt::format("[axes]\n{} = [{}]\n", k.name, toml_value(k, v)), "walk.toml", "cpu");
+      const Grid g = parse_grid(fmt::format("[axes]\n{} = [{}]\n", k.name, toml_value(k, v)),
+                                "walk.toml", "cpu");
       ASSERT_EQ(g.points.size(), 1u);
       EXPECT_EQ(g.points[0].id, id);
     }
@@ -115,8 +115,7 @@ TEST(Knobs, BadValuesAreOneLineErrorsEverywhere) {
     add_knob_flags(app, flags);
     EXPECT_THROW(app.parse(std::vector<std::string>{bad, k.flag}), CLI::ValidationError);
     try {
-      parse_grid(fmt::format("[axes]\n{} = [{}]\n", k.name, toml_value(k, bad)), "bad.toml",
-                 "cpu");
+      parse_grid(fmt::format("[axes]\n{} = [{}]\n", k.name, toml_value(k, bad)), "bad.toml", "cpu");
       ADD_FAILURE() << "grid accepted " << bad;
     } catch (const BadInput& e) {
       EXPECT_EQ(std::string(e.what()).rfind("bad.toml:2: axes." + k.name + ": ", 0), 0u)
