@@ -23,9 +23,17 @@ $(BUILD)/CMakeCache.txt: | setup
 
 configure: setup $(BUILD)/CMakeCache.txt
 
+# Progress in a dozen lines (every 10%, with the target being built), compiler messages in full.
 build: configure
-	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory \
-	  | { grep -vE "^\[ *[0-9]+%\] (Built target|Building|Linking)|^Consolidate compiler" || true; }
+	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory | awk -v start=$$(date +%s) ' \
+	  /^\[ *[0-9]+%\] / { p = substr($$0, 2, 3) + 0; \
+	    if (match($$0, /CMakeFiles\/[^\/]+\.dir/)) tgt = substr($$0, RSTART + 11, RLENGTH - 15); \
+	    else if (match($$0, /Built target .*/)) tgt = substr($$0, RSTART + 13); \
+	    if (p >= next_p) { printf "build: %3d%%  %s\n", p, tgt; fflush(); next_p = p - p % 10 + 10 } \
+	    next } \
+	  /^Consolidate compiler/ { next } \
+	  { print; fflush() } \
+	  END { if (next_p > 0) printf "build: done in %ds\n", systime() - start }'
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
@@ -46,6 +54,7 @@ run: build
 
 # The docs page: ci/grids/docs.toml on the CPU, charts and index in docs/ (committed).
 docs: build
+	@$(PYTHON) ci/knob_table_doc.py $(BUILD)/memtrade docs/design.md
 	@./$(BUILD)/memtrade run --grid ci/grids/docs.toml --backend cpu --out docs/results-cpu.json
 	@first=$$(./$(BUILD)/memtrade run --grid ci/grids/docs.toml --list | head -n 1); \
 	  ./$(BUILD)/memtrade run --grid ci/grids/docs.toml --select "$$first" --quiet \

@@ -1,72 +1,66 @@
-// One whole training step (Trainer::step: forward, backward, optimizer) per model on the CPU
-// backend, fp32 Adam unless the name says otherwise. Items are samples; the FLOP/s counter uses
-// the model's own FLOP count, so it reads as achieved GFLOP/s of the whole step.
+// One whole training step (Trainer::step: forward, backward, optimizer) per point on the CPU
+// backend. A point is a set of knob settings (axis=value, through the knob table), fp32 Adam
+// unless it says otherwise. Items are samples; the FLOP/s counter uses the model's own FLOP
+// count (recompute included), so it reads as the achieved GFLOP/s of the whole step; peak_MiB is
+// the allocator's peak. Rows in pairs (math vs flash, fp32 vs bf16) are meant to be run
+// together with --benchmark_enable_random_interleaving on this shared machine.
 #include <benchmark/benchmark.h>
 
+#include <sstream>
+
 #include "kernels/device.h"
+#include "models/knobs.h"
 #include "models/model.h"
 #include "models/trainer.h"
 
 namespace memtrade {
 namespace {
 
-void BM_TrainStep(benchmark::State& state, const char* model_name, Precision precision,
-                  OptimizerKind optimizer) {
-  auto dev = make_device("cpu");
-  auto model = make_model(model_name);
+// "model=gpt-mini batch_size=8 attention=flash" -> the config (bad text throws KnobError).
+TrainConfig point(const std::string& settings) {
   TrainConfig cfg;
-  cfg.model = model_name;
-  cfg.batch_size = state.range(0);
-  cfg.precision = precision;
-  cfg.optimizer = optimizer;
+  std::istringstream in(settings);
+  std::string kv;
+  while (in >> kv) {
+    const auto eq = kv.find('=');
+    set_knob(cfg, knob(kv.substr(0, eq)), kv.substr(eq + 1));
+  }
+  resolve_config(cfg);
+  return cfg;
+}
+
+void BM_TrainStep(benchmark::State& state, const char* settings) {
+  const TrainConfig cfg = point(settings);
+  auto dev = make_device("cpu");
+  auto model = make_model(cfg);
   Trainer trainer(*dev, *model, cfg);
   trainer.step();  // the first step creates grads and optimizer state
   for (auto _ : state) benchmark::DoNotOptimize(trainer.step().loss);
-  RunOptions ro;
-  ro.act_dtype = compute_dtype(precision);
-  const double flops = model->flops(cfg.batch_size, ro).total();
+  const FlopCount f = model->flops(cfg.batch_size, RunOptions::from(cfg));
   state.SetItemsProcessed(state.iterations() * cfg.batch_size);
-  state.counters["FLOP/s"] = benchmark::Counter(flops * static_cast<double>(state.iterations()),
-                                                benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] = benchmark::Counter(
+      f.total() * static_cast<double>(cfg.accumulation * state.iterations()),
+      benchmark::Counter::kIsRate);
   state.counters["peak_MiB"] =
       static_cast<double>(dev->memory().stats().allocated.peak) / (1024.0 * 1024.0);
 }
 
-BENCHMARK_CAPTURE(BM_TrainStep, gpt_mini_fp32_adam, "gpt-mini", Precision::fp32,
-                  OptimizerKind::adam)
-    ->Arg(8)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_TrainStep, gpt_mini_bf16_adam, "gpt-mini", Precision::bf16,
-                  OptimizerKind::adam)
-    ->Arg(8)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_TrainStep, gpt_tiny_fp32_adam, "gpt-tiny", Precision::fp32,
-                  OptimizerKind::adam)
-    ->Arg(8)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_TrainStep, mlp_tiny_fp32_adam, "mlp-tiny", Precision::fp32,
-                  OptimizerKind::adam)
-    ->Arg(64)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_TrainStep, mlp_small_fp32_adam, "mlp-small", Precision::fp32,
-                  OptimizerKind::adam)
-    ->Arg(64)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_TrainStep, mlp_large_fp32_adam, "mlp-large", Precision::fp32,
-                  OptimizerKind::adam)
-    ->Arg(64)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_TrainStep, cnn_tiny_fp32_adam, "cnn-tiny", Precision::fp32,
-                  OptimizerKind::adam)
-    ->Arg(16)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+#define MEMTRADE_STEP(name, settings) \
+  BENCHMARK_CAPTURE(BM_TrainStep, name, settings)->Unit(benchmark::kMillisecond)->UseRealTime()
+
+MEMTRADE_STEP(gpt_tiny_fp32, "model=gpt-tiny batch_size=8");
+MEMTRADE_STEP(gpt_mini_fp32, "model=gpt-mini batch_size=8");
+MEMTRADE_STEP(gpt_mini_bf16, "model=gpt-mini batch_size=8 precision=bf16");
+MEMTRADE_STEP(gpt_mini_fp32_flash, "model=gpt-mini batch_size=8 attention=flash");
+MEMTRADE_STEP(gpt_small_fp32, "model=gpt-small batch_size=4");
+MEMTRADE_STEP(gpt_small_fp32_flash, "model=gpt-small batch_size=4 attention=flash");
+MEMTRADE_STEP(gpt_small_seq64_fp32, "model=gpt-small batch_size=4 seq_len=64");
+MEMTRADE_STEP(gpt_small_seq64_fp32_flash, "model=gpt-small batch_size=4 seq_len=64 attention=flash");
+MEMTRADE_STEP(mlp_tiny_fp32, "model=mlp-tiny batch_size=64");
+MEMTRADE_STEP(mlp_small_fp32, "model=mlp-small batch_size=64");
+MEMTRADE_STEP(mlp_large_fp32, "model=mlp-large batch_size=64");
+MEMTRADE_STEP(cnn_tiny_fp32, "model=cnn-tiny batch_size=16");
+MEMTRADE_STEP(cnn_small_fp32, "model=cnn-small batch_size=32");
 
 }  // namespace
 }  // namespace memtrade

@@ -188,7 +188,8 @@ FlopCount BlockModel::flops(std::int64_t batch, const RunOptions& options) const
   const CheckpointPlan plan = CheckpointPlan::make(options.checkpoint, n);
   for (int i = 0; i < n; ++i) {
     if (plan.recomputed(i)) f.recompute += block_flops(batch, i);
-    if (plan.selective) f.recompute += selective_recompute_flops(batch, i);
+    if (plan.selective) f.recompute += selective_recompute_flops(batch, i, options);
+    f.recompute += attention_recompute_flops(batch, i, options);
   }
   return f;
 }

@@ -49,12 +49,18 @@ class BlockModel : public Model {
   virtual void block_backward(LayerCtx& c, int block, Tensor& dres) = 0;
   virtual void stem_backward(LayerCtx& c, Tensor& dres) = 0;
 
-  // Forward FLOPs (2 per multiply-add of GEMMs/convs) of the parts, and the extra forward work
-  // selective checkpointing spends on one block in backward.
+  // Forward FLOPs (2 per multiply-add of GEMMs/convs) of the parts, the extra forward work
+  // selective checkpointing spends on one block in backward, and the work an attention kind
+  // recomputes in backward (flash: the scores).
   virtual double stem_flops(std::int64_t batch) const = 0;
   virtual double block_flops(std::int64_t batch, int block) const = 0;
   virtual double head_flops(std::int64_t batch) const = 0;
-  virtual double selective_recompute_flops(std::int64_t /*batch*/, int /*block*/) const {
+  virtual double selective_recompute_flops(std::int64_t /*batch*/, int /*block*/,
+                                           const RunOptions& /*options*/) const {
+    return 0.0;
+  }
+  virtual double attention_recompute_flops(std::int64_t /*batch*/, int /*block*/,
+                                           const RunOptions& /*options*/) const {
     return 0.0;
   }
 

@@ -46,6 +46,9 @@ struct TrainConfig {
   Mode mode = Mode::train;
   EmptyCache empty_cache = EmptyCache::never;
   InputMemory input = InputMemory::pinned;
+  // Tokens per training sequence of a sequence model; 0 = the model's own (its block size).
+  std::int64_t seq_len = 0;
+  AttentionKind attention = AttentionKind::math;  // math (probabilities saved) or flash
   std::uint64_t seed = 0;
   float lr = 0.0f;                                 // 0 = the optimizer's default for this model
   std::int64_t loss_scale_growth_interval = 2000;  // fp16 dynamic loss scaling

@@ -11,6 +11,10 @@
 namespace memtrade {
 
 GptModel::GptModel(GptConfig cfg) : cfg_(std::move(cfg)) {
+  if (cfg_.seq_len == 0) cfg_.seq_len = cfg_.block_size;
+  if (cfg_.seq_len < 1 || cfg_.seq_len > cfg_.block_size)
+    throw std::invalid_argument(fmt::format("{}: seq_len {} must be in [1, {}] (its block size)",
+                                            cfg_.name, cfg_.seq_len, cfg_.block_size));
   if (cfg_.n_embd % cfg_.n_head != 0)
     throw std::invalid_argument(fmt::format("{}: n_embd {} not divisible by n_head {}", cfg_.name,
                                             cfg_.n_embd, cfg_.n_head));
@@ -50,13 +54,13 @@ nlohmann::json GptModel::hyper() const {
           {"n_embd", cfg_.n_embd},
           {"vocab_size", cfg_.vocab_size},
           {"block_size", cfg_.block_size},
-          {"seq_len", cfg_.block_size},
+          {"seq_len", cfg_.seq_len},
           {"num_params", num_params()}};
 }
 
 void GptModel::make_batch(std::uint64_t seed, std::int64_t first, std::int64_t batch,
                           std::vector<float>& input, std::vector<std::int32_t>& targets) const {
-  make_token_batch(seed, first, batch, cfg_.block_size, cfg_.vocab_size, input, targets);
+  make_token_batch(seed, first, batch, cfg_.seq_len, cfg_.vocab_size, input, targets);
 }
 
 // ---- forward ------------------------------------------------------------------------------------
@@ -67,7 +71,7 @@ Tensor GptModel::stem_forward(LayerCtx& c, const Tensor& input) {
 
 Tensor GptModel::block_forward(LayerCtx& c, int block, const Tensor& x) {
   const Block& b = blocks_[block];
-  const std::int64_t N = x.dim(0), C = x.dim(1), T = cfg_.block_size;
+  const std::int64_t N = x.dim(0), C = x.dim(1), T = cfg_.seq_len;
   Tensor ln1 = c.act_tensor({N, C});  // (B·T, C)
   layernorm_forward(c, ln1, x, b.ln_1);
   Tensor a = attention_forward(c, std::move(ln1), N / T, T, b.attn);
@@ -127,22 +131,35 @@ void GptModel::stem_backward(LayerCtx& c, Tensor& dres) {
 // ---- FLOPs --------------------------------------------------------------------------------------
 
 double GptModel::block_flops(std::int64_t batch, int) const {
-  const double N = static_cast<double>(batch) * cfg_.block_size, C = cfg_.n_embd,
-               T = cfg_.block_size;
+  const double N = static_cast<double>(batch) * cfg_.seq_len, C = cfg_.n_embd,
+               T = cfg_.seq_len;
   // c_attn 3C², c_proj C², c_fc 4C², mlp.c_proj 4C² MACs per token; QKᵀ and att·V each
   // B·NH·T²·hd = B·T²·C MACs (the full square, as dense kernels compute it).
   return 2.0 * N * 12.0 * C * C + 2.0 * 2.0 * static_cast<double>(batch) * T * T * C;
 }
 
 double GptModel::head_flops(std::int64_t batch) const {
-  return 2.0 * static_cast<double>(batch) * cfg_.block_size * cfg_.n_embd * cfg_.vocab_size;
+  return 2.0 * static_cast<double>(batch) * cfg_.seq_len * cfg_.n_embd * cfg_.vocab_size;
 }
 
-double GptModel::selective_recompute_flops(std::int64_t batch, int) const {
-  const double N = static_cast<double>(batch) * cfg_.block_size, C = cfg_.n_embd,
-               T = cfg_.block_size;
-  return 2.0 * static_cast<double>(batch) * T * T * C  // attention probabilities (QKᵀ)
-         + 2.0 * N * 4.0 * C * C;                      // c_fc output (the GELU input)
+// One QKᵀ of a block: B·T²·C multiply-adds.
+double GptModel::scores_flops(std::int64_t batch) const {
+  const double T = cfg_.seq_len;
+  return 2.0 * static_cast<double>(batch) * T * T * cfg_.n_embd;
+}
+
+double GptModel::selective_recompute_flops(std::int64_t batch, int,
+                                           const RunOptions& options) const {
+  const double N = static_cast<double>(batch) * cfg_.seq_len, C = cfg_.n_embd;
+  // The attention probabilities (QKᵀ; flash keeps none to drop) and the c_fc output.
+  return (options.attention == AttentionKind::math ? scores_flops(batch) : 0.0) +
+         2.0 * N * 4.0 * C * C;
+}
+
+double GptModel::attention_recompute_flops(std::int64_t batch, int,
+                                           const RunOptions& options) const {
+  // Flash attention's backward recomputes the scores from q and k (FlashAttention-2).
+  return options.attention == AttentionKind::flash ? scores_flops(batch) : 0.0;
 }
 
 }  // namespace memtrade

@@ -4,7 +4,8 @@
 // order and layouts are nanoGPT's; init too: normal(0, 0.02), the two c_proj weights
 // normal(0, 0.02/√(2·n_layer)), biases 0, layer-norm weights 1.
 //
-// Training sequences are block_size long: input (B, T) I32 tokens, targets (B, T) the next tokens,
+// Training sequences are seq_len = T ≤ block_size long (block_size is the number of learned
+// positions, wpe's rows): input (B, T) I32 tokens, targets (B, T) the next tokens,
 // rows_per_sample = T. One block = one transformer layer.
 #pragma once
 
@@ -26,6 +27,7 @@ struct GptConfig {
   int n_embd = 64;
   int vocab_size = 256;
   int block_size = 32;
+  int seq_len = 0;  // T; 0 = block_size
 };
 
 class GptModel final : public BlockModel {
@@ -35,10 +37,11 @@ class GptModel final : public BlockModel {
   std::string family() const override { return "gpt"; }
   nlohmann::json hyper() const override;
   int num_blocks() const override { return cfg_.n_layer; }
-  Shape input_shape(std::int64_t batch) const override { return {batch, cfg_.block_size}; }
+  std::int64_t max_seq_len() const override { return cfg_.block_size; }
+  Shape input_shape(std::int64_t batch) const override { return {batch, cfg_.seq_len}; }
   DType input_dtype(DType) const override { return DType::I32; }
-  Shape target_shape(std::int64_t batch) const override { return {batch, cfg_.block_size}; }
-  std::int64_t rows_per_sample() const override { return cfg_.block_size; }
+  Shape target_shape(std::int64_t batch) const override { return {batch, cfg_.seq_len}; }
+  std::int64_t rows_per_sample() const override { return cfg_.seq_len; }
   void make_batch(std::uint64_t seed, std::int64_t first, std::int64_t batch,
                   std::vector<float>& input, std::vector<std::int32_t>& targets) const override;
 
@@ -52,7 +55,11 @@ class GptModel final : public BlockModel {
   double stem_flops(std::int64_t) const override { return 0.0; }
   double block_flops(std::int64_t batch, int block) const override;
   double head_flops(std::int64_t batch) const override;
-  double selective_recompute_flops(std::int64_t batch, int block) const override;
+  double scores_flops(std::int64_t batch) const;
+  double selective_recompute_flops(std::int64_t batch, int block,
+                                   const RunOptions& options) const override;
+  double attention_recompute_flops(std::int64_t batch, int block,
+                                   const RunOptions& options) const override;
 
  private:
   struct Block {

@@ -60,6 +60,19 @@ Knob count_knob(std::string name, std::string flag, std::string prefix, std::str
   return k;
 }
 
+// The longest sequence of a model (0: it has none); unknown names have none.
+std::int64_t max_seq_len_of(const std::string& model) {
+  try {
+    return make_model(model)->max_seq_len();
+  } catch (const std::invalid_argument&) {
+    return 0;
+  }
+}
+
+bool has_sequence(const TrainConfig& c) {
+  return max_seq_len_of(c.model) > 0;
+}
+
 std::vector<Knob> make_table() {
   std::vector<Knob> t;
 
@@ -136,8 +149,53 @@ std::vector<Knob> make_table() {
                         "Host memory the batch is staged in before its copy to the device",
                         &TrainConfig::input, input_name, parse_input, input_names));
 
+  Knob seq;
+  seq.name = "seq_len";
+  seq.flag = "--seq-len";
+  seq.id_prefix = "seq";
+  seq.id_rule = IdRule::non_default;
+  seq.type = KnobType::integer;
+  seq.workload = true;
+  seq.help =
+      "Tokens per training sequence of a GPT-style model (0: the model's own block size); "
+      "activations grow linearly and, with math attention, quadratically in it";
+  seq.values_text = "0 or a positive integer up to the model's positions";
+  seq.examples = {"0", "16"};
+  seq.get = [](const TrainConfig& c) { return std::to_string(c.seq_len); };
+  seq.set = [](TrainConfig& c, std::string_view text) -> std::optional<std::string> {
+    std::int64_t v = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || end != text.data() + text.size() || v < 0)
+      return fmt::format("must be 0 (the model's own) or a positive integer, got '{}'", text);
+    c.seq_len = v;
+    return std::nullopt;
+  };
+  seq.applies = has_sequence;
+  seq.resolve = [](TrainConfig& c) -> std::optional<std::string> {
+    if (c.seq_len == 0) return std::nullopt;
+    const std::int64_t max = max_seq_len_of(c.model);
+    if (max == 0)
+      return fmt::format("{} has no sequence length (GPT-style models have one)", c.model);
+    if (c.seq_len > max)
+      return fmt::format("{} is above {}'s maximum positions ({})", c.seq_len, c.model, max);
+    if (c.seq_len == max) c.seq_len = 0;  // the model's own: one id for one configuration
+    return std::nullopt;
+  };
+  t.push_back(std::move(seq));
+
+  Knob attn = enum_knob("attention", "--attention", "attn-",
+                        "Attention kernel: math saves the (B, heads, T, T) probabilities; flash "
+                        "saves the output and a log-sum-exp per row and recomputes the scores in "
+                        "backward (FlashAttention-2, torch scaled_dot_product_attention)",
+                        &TrainConfig::attention, attention_kind_name, parse_attention_kind,
+                        attention_kind_names);
+  attn.id_rule = IdRule::non_default;
+  attn.applies = has_sequence;
+  t.push_back(std::move(attn));
+
   for (Knob& k : t) {
     if (!k.applies) k.applies = [](const TrainConfig&) { return true; };
+    if (!k.resolve) k.resolve = [](TrainConfig&) { return std::optional<std::string>(); };
     if (!k.choices) k.choices = [] { return std::vector<std::string>{}; };
   }
   return t;
@@ -177,6 +235,11 @@ std::vector<std::string> knob_names() {
 
 void set_knob(TrainConfig& cfg, const Knob& k, std::string_view text) {
   if (auto err = k.set(cfg, text)) throw KnobError(fmt::format("{}: {}", k.name, *err));
+}
+
+void resolve_config(TrainConfig& cfg) {
+  for (const Knob& k : knobs())
+    if (auto err = k.resolve(cfg)) throw KnobError(fmt::format("{}: {}", k.name, *err));
 }
 
 std::string point_id(const TrainConfig& c) {
@@ -229,6 +292,7 @@ TrainConfig config_from_json(const nlohmann::json& j) {
       throw KnobError("config.seed: expected an integer");
     c.seed = j.at("seed").get<std::uint64_t>();
   }
+  resolve_config(c);
   return c;
 }
 

@@ -68,6 +68,9 @@ struct Knob {
   std::function<std::optional<std::string>(TrainConfig&, std::string_view text)> set;
   // False where the axis means nothing for this config (then it is left out of the id).
   std::function<bool(const TrainConfig&)> applies;
+  // Once every axis is set: checks the value against the others (a seq_len the model cannot
+  // take) and makes it canonical where it depends on them; returns an error message.
+  std::function<std::optional<std::string>(TrainConfig&)> resolve;
 
   std::string default_text() const { return get(TrainConfig{}); }
   std::vector<std::string> test_values() const;  // choices() if any, else examples
@@ -89,6 +92,9 @@ class KnobError : public std::invalid_argument {
 
 // Sets one axis from text; throws KnobError naming the axis.
 void set_knob(TrainConfig& cfg, const Knob& k, std::string_view text);
+// After the axes are set (flags, a grid point, a JSON config): every row's resolve(); throws
+// KnobError naming the axis.
+void resolve_config(TrainConfig& cfg);
 
 // "gpt-tiny/b8/a1/fp32/ck0/adam/off-none/zg-set_to_none/train/ec-never/in-pinned", then the
 // non_default axes that apply and differ from their default ("/seq128"), in table order.
@@ -97,8 +103,8 @@ std::string point_id(const TrainConfig& c);
 // The one config serialiser: every axis by its JSON type (defaults filled in), plus "seed".
 // Results points, fit rows, traces, step-dump meta and `run --list --json` all use it.
 nlohmann::json config_json(const TrainConfig& c);
-// The inverse. Missing axes take their default (files written before an axis existed load);
-// keys that are not axes (hyper, lr, ...) are ignored. Throws KnobError.
+// The inverse, resolved. Missing axes take their default (files written before an axis existed
+// load); keys that are not axes (hyper, lr, ...) are ignored. Throws KnobError.
 TrainConfig config_from_json(const nlohmann::json& j);
 
 // The table as JSON (`memtrade knobs --json`, and meta.knobs of every results file):

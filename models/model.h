@@ -59,6 +59,9 @@ struct RunOptions {
   bool offload_activations = false;  // saved activations go to pinned host memory
   // The attention layers' ops (kernels/ops.h): math saves the probabilities, flash does not.
   AttentionKind attention = AttentionKind::math;
+
+  // How a training (or eval) step of `cfg` runs its passes: the one translation of the knobs.
+  static RunOptions from(const TrainConfig& cfg);
 };
 
 struct FlopCount {
@@ -77,6 +80,9 @@ class Model {
   virtual nlohmann::json hyper() const = 0;
   virtual const std::vector<ParamSpec>& params() const = 0;
   virtual int num_blocks() const = 0;  // the unit of checkpointing and parameter streaming
+  // The longest training sequence a sequence model takes (its learned positions); 0 for a model
+  // without a sequence (MLP, CNN).
+  virtual std::int64_t max_seq_len() const { return 0; }
   std::int64_t num_params() const;     // trainable elements
 
   // One micro-batch of `batch` samples.
@@ -104,6 +110,9 @@ class Model {
 // "gpt-tiny", "gpt-mini", "gpt2-124m", "gpt2-350m", "mlp-tiny", ..., "cnn-tiny", ...
 // Throws std::invalid_argument naming the known models for an unknown name.
 std::unique_ptr<Model> make_model(std::string_view name);
+// The model a point trains: its name, shaped by the config's seq_len. Throws
+// std::invalid_argument for an unknown model or a seq_len it cannot take.
+std::unique_ptr<Model> make_model(const TrainConfig& cfg);
 std::vector<std::string> model_names();
 
 }  // namespace memtrade

@@ -131,12 +131,17 @@ def varying_knobs(points: Iterable[dict]) -> list[str]:
     return [k for k in K.names() if len(seen[k]) > 1]
 
 
+def _always_shown(knob: str) -> bool:
+    """A workload axis every id has (model, batch size): labels name it even at its default."""
+    return K.is_workload(knob) and K.row(knob).get("id_rule") == "always"
+
+
 def short_label(config: dict, knobs: Sequence[str] | None = None) -> str:
-    """Label such as "gpt-mini b8 bf16 ck0.5" from the given axes, in id order (default: the
-    workload axes and every axis not at its default, so a label names every knob turned)."""
+    """Label such as "gpt-mini b8 bf16 ck0.5" from the given axes, in id order (default: model
+    and batch size, and every axis not at its default, so a label names every knob turned)."""
     if knobs is None:
         knobs = [k for k in K.names()
-                 if K.is_workload(k) or knob_value(config, k) != _default_norm(k)]
+                 if _always_shown(k) or knob_value(config, k) != _default_norm(k)]
     parts = [short_value(k, knob_value(config, k)) for k in K.names() if k in knobs]
     return " ".join(parts) if parts else str(config.get("model", "?"))
 
@@ -145,7 +150,7 @@ def compact_label(config: dict, varying: Sequence[str]) -> str:
     """Label within a set of points: of the axes that vary in the set, the workload ones always
     and the others where this point is not at the default (so "b8" and "b8 off-activations", not
     "b8 off-none zg-set_to_none ...")."""
-    ks = [k for k in varying if K.is_workload(k) or knob_value(config, k) != _default_norm(k)]
+    ks = [k for k in varying if _always_shown(k) or knob_value(config, k) != _default_norm(k)]
     return short_label(config, ks) if ks else str(config.get("model", "?"))
 
 

@@ -69,7 +69,7 @@ void register_point_commands(CLI::App& app, Commands& cmds) {
   cmds.add(step, [&step_flags, &dump_dir] {
     TrainConfig cfg = to_train_config(step_flags);
     auto dev = device_for(step_flags, cfg);
-    auto model = make_model(cfg.model);
+    auto model = make_model(cfg);
     if (!dump_dir.empty()) {
       write_step_dump(*dev, *model, cfg, dump_dir);
       fmt::print("wrote step dump of {} to {}\n", cfg.model, dump_dir);

@@ -69,6 +69,7 @@ TrainConfig to_train_config(const KnobFlags& f) {
   for (const auto& [name, text] : f.axes) set_knob(c, knob(name), text);
   c.seed = f.seed;
   c.lr = f.lr;
+  resolve_config(c);
   return c;
 }
 

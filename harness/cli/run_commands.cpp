@@ -127,7 +127,7 @@ int cmd_run(CLI::App& cmd, RunFlags& f) {
     // What a peer tool needs to run the same points: every axis resolved, defaults filled in.
     nlohmann::json points = nlohmann::json::array();
     for (const auto& p : g.points) {
-      const auto model = make_model(p.config.model);
+      const auto model = make_model(p.config);
       nlohmann::json config = config_json(p.config);
       config["hyper"] = model->hyper();
       points.push_back(
@@ -192,7 +192,7 @@ int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json) {
     nlohmann::json row = estimate_json(e);
     row["id"] = p.id;
     row["config"] = config_json(p.config);
-    row["config"]["hyper"] = make_model(p.config.model)->hyper();
+    row["config"]["hyper"] = make_model(p.config)->hyper();
     points.push_back(row);
     if (!json)
       fmt::print("{:>11} {:>11} {:<4} {}\n    {}\n", format_bytes(e.peak_allocated),

@@ -84,7 +84,7 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   auto start = std::chrono::steady_clock::now();
   MemoryEstimate e;
   MetaDevice dev(backend, capacity);
-  auto model = make_model(cfg.model);
+  auto model = make_model(cfg);
   try {
     Trainer trainer(dev, *model, cfg);
     for (int i = 0; i < warmup; ++i) trainer.step();

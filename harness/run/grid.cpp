@@ -70,11 +70,21 @@ std::vector<std::string> axis_values(const GridError& err, const std::string& ax
   return out;
 }
 
-TrainConfig config_from_values(const std::map<std::string, std::string>& values,
+// A grid point. An axis that does not apply to the point's model (seq_len of an MLP) takes its
+// default, so `model = [gpt, mlp] x seq_len = [...]` varies seq_len of the GPT only (the MLP's
+// duplicates collapse into one point by id).
+TrainConfig config_from_values(const GridError& err, const std::map<std::string, std::string>& values,
                                std::uint64_t seed) {
   TrainConfig c;
   for (const auto& [axis, value] : values) set_knob(c, knob(axis), value);
+  for (const Knob& k : knobs())
+    if (!k.applies(c)) set_knob(c, k, k.default_text());
   c.seed = seed;
+  try {
+    resolve_config(c);
+  } catch (const KnobError& e) {
+    err.fail(nullptr, e.what());
+  }
   return c;
 }
 
@@ -286,7 +296,7 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
                   return f.matches(combo, backend);
                 });
     if (excluded || !kept) continue;
-    TrainConfig cfg = config_from_values(combo, g.run.seed);
+    TrainConfig cfg = config_from_values(err, combo, g.run.seed);
     GridPoint p{point_id(cfg), cfg};
     if (!seen.insert(p.id).second) continue;
     hash_text += "|" + p.id;

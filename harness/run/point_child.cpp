@@ -115,7 +115,7 @@ PointRow run_point_row(const PointJob& job) {
     options.capacity = job.capacity;
     options.threads = job.threads;
     dev = make_device(job.backend, options);
-    model = make_model(cfg.model);
+    model = make_model(cfg);
     row.config["hyper"] = model->hyper();
     if (cfg.precision == Precision::tf32 && dev->backend() != Backend::cuda) {
       row.status = "skipped";

@@ -72,10 +72,7 @@ PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
     m.samples_per_s = static_cast<double>(trainer.samples_per_step()) / m.median_s;
     m.tokens_per_s = static_cast<double>(trainer.tokens_per_step()) / m.median_s;
   }
-  RunOptions ro;
-  ro.act_dtype = compute_dtype(cfg.precision);
-  ro.training = cfg.mode == Mode::train;
-  ro.checkpoint = cfg.checkpoint;
+  const RunOptions ro = RunOptions::from(cfg);
   FlopCount f = model.flops(cfg.batch_size, ro);
   m.flops_per_step = (ro.training ? f.total() : f.forward) * static_cast<double>(cfg.accumulation);
   return m;

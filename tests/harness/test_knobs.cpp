@@ -22,10 +22,18 @@ namespace {
 
 using namespace memtrade::testing;
 
-// The config with one axis set (through the row), everything else at its default.
-TrainConfig with(const Knob& k, const std::string& value) {
+// The walk's base point: the defaults on a model every axis applies to (GPT takes every knob).
+TrainConfig base() {
   TrainConfig c;
+  c.model = "gpt-tiny";
+  return c;
+}
+
+// The base with one axis set (through the row) and resolved.
+TrainConfig with(const Knob& k, const std::string& value) {
+  TrainConfig c = base();
   set_knob(c, k, value);
+  resolve_config(c);
   return c;
 }
 
@@ -55,8 +63,9 @@ TEST(Knobs, EveryRowIsComplete) {
     EXPECT_FALSE(k.test_values().empty()) << "no values to test the axis with";
     EXPECT_TRUE(!k.choices().empty() || !k.values_text.empty());
     // The default is an accepted value and canonical.
-    EXPECT_EQ(with(k, k.default_text()).model, TrainConfig{}.model);
-    EXPECT_EQ(point_id(with(k, k.default_text())), point_id(TrainConfig{}));
+    TrainConfig d;
+    set_knob(d, k, k.default_text());
+    EXPECT_EQ(point_id(d), point_id(TrainConfig{}));
   }
 }
 
@@ -71,7 +80,9 @@ TEST(Knobs, EveryValueThroughFlagsIdsJsonAndGrid) {
       CLI::App app;
       KnobFlags flags;
       add_knob_flags(app, flags);
-      app.parse(std::vector<std::string>{v, k.flag});  // CLI11 parses argv reversed
+      std::vector<std::string> argv{v, k.flag};  // CLI11 parses argv reversed
+      if (k.name != "model") argv.insert(argv.end(), {base().model, "--model"});
+      app.parse(argv);
       const TrainConfig from_flag = to_train_config(flags);
       EXPECT_EQ(point_id(from_flag), point_id(expected));
       EXPECT_EQ(k.get(from_flag), v);
@@ -84,8 +95,8 @@ TEST(Knobs, EveryValueThroughFlagsIdsJsonAndGrid) {
       if (shown) {
         EXPECT_NE(id.find(k.id_prefix + v), std::string::npos) << id;
       }
-      if (v != k.default_text() && k.applies(expected)) {
-        EXPECT_NE(id, point_id(TrainConfig{}));
+      if (v != k.get(base()) && k.applies(expected)) {
+        EXPECT_NE(id, point_id(base()));
       }
 
       // The one serialiser round-trips, with the row's JSON type.
@@ -96,8 +107,11 @@ TEST(Knobs, EveryValueThroughFlagsIdsJsonAndGrid) {
       EXPECT_EQ(k.get(config_from_json(j)), v);
 
       // A grid file: the axis key with the value, in its TOML type.
-      const Grid g = parse_grid(fmt::format("[axes]\n{} = [{}]\n", k.name, toml_value(k, v)),
-                                "walk.toml", "cpu");
+      const std::string model_line =
+          k.name == "model" ? "" : fmt::format("model = [\"{}\"]\n", base().model);
+      const Grid g =
+          parse_grid(fmt::format("[axes]\n{}{} = [{}]\n", model_line, k.name, toml_value(k, v)),
+                     "walk.toml", "cpu");
       ASSERT_EQ(g.points.size(), 1u);
       EXPECT_EQ(g.points[0].id, id);
     }
@@ -107,7 +121,7 @@ TEST(Knobs, EveryValueThroughFlagsIdsJsonAndGrid) {
 TEST(Knobs, BadValuesAreOneLineErrorsEverywhere) {
   for (const Knob& k : knobs()) {
     SCOPED_TRACE(k.name);
-    const std::string bad = k.type == KnobType::integer ? "0" : "no-such-value";
+    const std::string bad = k.type == KnobType::integer ? "-1" : "no-such-value";
     TrainConfig c;
     EXPECT_THROW(set_knob(c, k, bad), KnobError);
     CLI::App app;
