@@ -1,4 +1,6 @@
-// Token + position embedding (GPT-2): out (B·T, C) = wte[tokens] + wpe[t]. Saved: "tokens".
+// Token (+ position) embedding: out (B·T, C) = wte[tokens] (+ wpe[t]). GPT-2 has both tables;
+// a Llama has no learned positions (wpe = -1: RoPE rotates q and k inside attention instead).
+// Saved: "tokens".
 #pragma once
 
 #include "models/layers/context.h"
@@ -6,8 +8,8 @@
 namespace memtrade {
 
 struct Embedding {
-  ParamIndex wte = -1;  // (V, C), also the (tied) output head
-  ParamIndex wpe = -1;  // (block_size, C)
+  ParamIndex wte = -1;  // (V, C), also the output head when tied
+  ParamIndex wpe = -1;  // (block_size, C); -1: none
 };
 
 // tokens (B, T) I32 -> returns (B·T, C) in the activation dtype (category activations: it is the

@@ -56,7 +56,7 @@ void run_workload(Device& d, DType dt) {
   ops.fill(lnb, 0.0f);
   {
     Tensor x = d.empty({b, t, c}, dt, Category::activations);
-    ops.embedding_forward(x, tokens, wte, wpe);
+    ops.embedding_forward(x, tokens, wte, &wpe);
     Tensor ln = d.empty({b, t, c}, dt, Category::activations);
     Tensor mean = d.empty({b * t}, DType::F32, Category::activations);
     Tensor rstd = d.empty({b * t}, DType::F32, Category::activations);
@@ -201,7 +201,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaAllocSequence,
 // two steps), every non-workspace event equal. (Peaks are not compared: the instant of the peak
 // moves with the workspace, which differs by design; equal sequences imply equal figures.)
 struct StepCase {
-  std::string label, model, precision, checkpoint, offload;
+  std::string label, model, precision, checkpoint, offload, attention;
 };
 
 void PrintTo(const StepCase& c, std::ostream* os) {
@@ -219,6 +219,7 @@ TEST_P(CudaStepAllocSequence, SameAsCpuExceptWorkspace) {
   cfg.precision = *parse_precision(sc.precision);
   cfg.checkpoint = *Checkpoint::parse(sc.checkpoint);
   cfg.offload = *parse_offload(sc.offload);
+  cfg.attention = *parse_attention_kind(sc.attention);
   std::vector<Event> events[2];
   Device* devs[2] = {cpu_.get(), gpu_.get()};
   for (int i = 0; i < 2; ++i) {
@@ -244,18 +245,26 @@ TEST_P(CudaStepAllocSequence, SameAsCpuExceptWorkspace) {
 
 INSTANTIATE_TEST_SUITE_P(
     Knobs, CudaStepAllocSequence,
-    ::testing::Values(StepCase{"gpt_fp32", "gpt-tiny", "fp32", "0", "none"},
-                      StepCase{"gpt_bf16", "gpt-tiny", "bf16", "0", "none"},
-                      StepCase{"gpt_fp16", "gpt-tiny", "fp16", "0", "none"},
-                      StepCase{"gpt_bf16_pure", "gpt-tiny", "bf16-pure", "0", "none"},
-                      StepCase{"gpt_ck1", "gpt-tiny", "fp32", "1", "none"},
-                      StepCase{"gpt_selective", "gpt-tiny", "bf16", "selective", "none"},
-                      StepCase{"gpt_offload_act", "gpt-tiny", "bf16", "0", "activations"},
-                      StepCase{"gpt_offload_params", "gpt-tiny", "fp32", "0", "params"},
-                      StepCase{"gpt_offload_opt", "gpt-tiny", "fp32", "0", "optimizer"},
-                      StepCase{"mlp_fp16", "mlp-tiny", "fp16", "0", "none"},
-                      StepCase{"cnn_fp32", "cnn-tiny", "fp32", "0", "none"},
-                      StepCase{"cnn_bf16_ck1", "cnn-tiny", "bf16", "1", "none"}),
+    ::testing::Values(StepCase{"gpt_fp32", "gpt-tiny", "fp32", "0", "none", "math"},
+                      StepCase{"gpt_bf16", "gpt-tiny", "bf16", "0", "none", "math"},
+                      StepCase{"gpt_fp16", "gpt-tiny", "fp16", "0", "none", "math"},
+                      StepCase{"gpt_bf16_pure", "gpt-tiny", "bf16-pure", "0", "none", "math"},
+                      StepCase{"gpt_ck1", "gpt-tiny", "fp32", "1", "none", "math"},
+                      StepCase{"gpt_selective", "gpt-tiny", "bf16", "selective", "none", "math"},
+                      StepCase{"gpt_offload_act", "gpt-tiny", "bf16", "0", "activations", "math"},
+                      StepCase{"gpt_offload_params", "gpt-tiny", "fp32", "0", "params", "math"},
+                      StepCase{"gpt_offload_opt", "gpt-tiny", "fp32", "0", "optimizer", "math"},
+                      StepCase{"mlp_fp16", "mlp-tiny", "fp16", "0", "none", "math"},
+                      StepCase{"cnn_fp32", "cnn-tiny", "fp32", "0", "none", "math"},
+                      StepCase{"cnn_bf16_ck1", "cnn-tiny", "bf16", "1", "none", "math"},
+                      StepCase{"llama_fp32", "llama-tiny", "fp32", "0", "none", "math"},
+                      StepCase{"llama_bf16", "llama-tiny", "bf16", "0", "none", "math"},
+                      StepCase{"llama_selective", "llama-tiny", "bf16", "selective", "none",
+                               "math"},
+                      StepCase{"llama_flash_ck1", "llama-tiny", "bf16", "1", "none", "flash"},
+                      StepCase{"llama_offload_params", "llama-tiny", "fp32", "0", "params", "math"},
+                      StepCase{"llama_tied_fp16", "llama-tiny:tie_word_embeddings=true", "fp16",
+                               "0", "none", "math"}),
     [](const auto& p) { return p.param.label; });
 
 }  // namespace
