@@ -25,7 +25,7 @@ enum class InputMemory : std::uint8_t { pinned, pageable };
 
 // Activation checkpointing: a density in [0, 1] (fraction of blocks recomputed, evenly spaced),
 // or sqrt (√n segments: one kept block boundary every ⌈√n⌉ blocks) or selective (recompute only
-// cheap big tensors: attention probabilities and the GELU input).
+// cheap big tensors: attention probabilities and the GELU input or SwiGLU output).
 struct Checkpoint {
   enum class Kind : std::uint8_t { density, sqrt, selective } kind = Kind::density;
   double density = 0.0;
@@ -35,7 +35,11 @@ struct Checkpoint {
 };
 
 struct TrainConfig {
-  std::string model = "mlp-tiny";
+  std::string model = "mlp-tiny";  // a size-table name, with overrides ("llama-tiny:n_layer=4")
+  // A Hugging Face config.json that defines the model instead (models/hf_config.h); "" = none.
+  // model_config_sha256 is its SHA-256, taken when the knob is set: the id tells files apart.
+  std::string model_config;
+  std::string model_config_sha256;
   std::int64_t batch_size = 8;
   std::int64_t accumulation = 1;
   Precision precision = Precision::fp32;

@@ -13,12 +13,18 @@ std::int64_t y_width(std::int64_t qkv_width, const CausalSelfAttention& a) {
 Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T,
                          const CausalSelfAttention& a) {
   const std::int64_t C = inp.dim(1);
-  const std::int64_t W = c.weight(a.c_attn.weight).dim(0), Y = y_width(W, a);
-  const std::int64_t NH = a.n_head;
+  const bool split = !a.qkv_proj.parts.empty();
+  const std::int64_t W =
+      split ? stacked_out_features(c, a.qkv_proj) : c.weight(a.c_attn.weight).dim(0);
+  const std::int64_t Y = y_width(W, a), NH = a.n_head;
   Tensor qkv = c.act_tensor({B * T, W});  // (B·T, (NH + 2·NKV)·hd)
-  linear_forward(c, qkv, inp, a.c_attn);
+  if (split)
+    linear_forward(c, qkv, inp, a.qkv_proj);
+  else
+    linear_forward(c, qkv, inp, a.c_attn);
   c.keep("attn.inp", std::move(inp));
   qkv.reshape({B, T, W});
+  if (a.rope) c.ops().rope_forward(qkv, a.n_head, a.n_kv_head, *a.rope);
 
   Tensor y;  // (B, T, NH·hd)
   if (c.attention == AttentionKind::flash) {
@@ -79,9 +85,14 @@ Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAtten
     dy.reset();
   }
 
+  // The rotation is orthogonal: its transpose takes d(rotated q, k) to d(q, k).
+  if (a.rope) c.ops().rope_backward(dqkv, a.n_head, a.n_kv_head, *a.rope);
   dqkv.reshape({B * T, W});
   Tensor dinp = c.temp({B * T, C});
-  linear_backward(c, &dinp, dqkv, c.get("attn.inp"), a.c_attn);
+  if (!a.qkv_proj.parts.empty())
+    linear_backward(c, &dinp, dqkv, c.get("attn.inp"), a.qkv_proj);
+  else
+    linear_backward(c, &dinp, dqkv, c.get("attn.inp"), a.c_attn);
   return dinp;
 }
 

@@ -2,7 +2,7 @@
 
 namespace memtrade {
 
-Tensor gpt_mlp_forward(LayerCtx& c, Tensor inp, const GptMlp& m) {
+Tensor mlp_forward(LayerCtx& c, Tensor inp, const GptMlp& m) {
   const std::int64_t N = inp.dim(0), C = inp.dim(1);
   // Selective checkpointing drops the GELU input: one c_fc GEMM recomputes it from mlp.inp.
   const bool keep_h = c.save && !c.selective;
@@ -20,7 +20,7 @@ Tensor gpt_mlp_forward(LayerCtx& c, Tensor inp, const GptMlp& m) {
   return out;
 }
 
-Tensor gpt_mlp_backward(LayerCtx& c, const Tensor& dout, const GptMlp& m) {
+Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const GptMlp& m) {
   const Tensor& g = c.get("mlp.g");
   const Tensor& inp = c.get("mlp.inp");
   const std::int64_t N = g.dim(0), C4 = g.dim(1);

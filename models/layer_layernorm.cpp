@@ -2,18 +2,17 @@
 
 namespace memtrade {
 
-void layernorm_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const LayerNorm& ln) {
+void norm_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const LayerNorm& ln) {
   const std::int64_t N = inp.dim(0);
   Tensor mean = c.dev.empty({N}, DType::F32, c.cat());  // (N)
   Tensor rstd = c.dev.empty({N}, DType::F32, c.cat());  // (N)
-  c.ops().layernorm_forward(out, mean, rstd, inp, c.weight(ln.weight), c.weight(ln.bias),
-                            LayerNorm::kEps);
+  c.ops().layernorm_forward(out, mean, rstd, inp, c.weight(ln.weight), c.weight(ln.bias), ln.eps);
   c.keep(ln.key + ".mean", std::move(mean));
   c.keep(ln.key + ".rstd", std::move(rstd));
 }
 
-void layernorm_backward(LayerCtx& c, Tensor& dinp, const Tensor& dout, const Tensor& inp,
-                        const LayerNorm& ln) {
+void norm_backward(LayerCtx& c, Tensor& dinp, const Tensor& dout, const Tensor& inp,
+                   const LayerNorm& ln) {
   GradRef gw = c.store.grad(ln.weight);
   GradRef gb = c.store.grad(ln.bias);
   const Tensor& mean = c.get(ln.key + ".mean");
@@ -28,10 +27,10 @@ void layernorm_backward(LayerCtx& c, Tensor& dinp, const Tensor& dout, const Ten
   }
 }
 
-void layernorm_backward_add(LayerCtx& c, Tensor& dres, const Tensor& dout, const Tensor& inp,
-                            const LayerNorm& ln) {
+void norm_backward_add(LayerCtx& c, Tensor& dres, const Tensor& dout, const Tensor& inp,
+                       const LayerNorm& ln) {
   Tensor dinp = c.temp(inp.shape());  // (N, C)
-  layernorm_backward(c, dinp, dout, inp, ln);
+  norm_backward(c, dinp, dout, inp, ln);
   c.ops().add_inplace(dres, dinp);
 }
 

@@ -74,8 +74,8 @@ struct FlopCount {
 class Model {
  public:
   virtual ~Model() = default;
-  virtual std::string name() const = 0;    // "gpt-tiny"
-  virtual std::string family() const = 0;  // "gpt" | "mlp" | "cnn"
+  virtual std::string name() const = 0;    // "gpt-tiny", "llama-tiny:n_layer=4"
+  virtual std::string family() const = 0;  // "gpt" | "llama" | "mlp" | "cnn"
   // Hyper-parameters as written to meta.json and results ("family", "n_layer", "n_head", ...).
   virtual nlohmann::json hyper() const = 0;
   virtual const std::vector<ParamSpec>& params() const = 0;
@@ -83,7 +83,7 @@ class Model {
   // The longest training sequence a sequence model takes (its learned positions); 0 for a model
   // without a sequence (MLP, CNN).
   virtual std::int64_t max_seq_len() const { return 0; }
-  std::int64_t num_params() const;     // trainable elements
+  std::int64_t num_params() const;  // trainable elements
 
   // One micro-batch of `batch` samples.
   virtual Shape input_shape(std::int64_t batch) const = 0;
@@ -107,11 +107,20 @@ class Model {
   virtual void backward(Device& dev, ParamStore& store, float dloss) = 0;
 };
 
-// "gpt-tiny", "gpt-mini", "gpt2-124m", "gpt2-350m", "mlp-tiny", ..., "cnn-tiny", ...
-// Throws std::invalid_argument naming the known models for an unknown name.
+// "gpt-tiny", "gpt-mini", "gpt2-124m", ..., "llama-tiny", "llama3-8b", "mlp-tiny", "cnn-tiny",
+// ..., optionally with overrides of the family's hyper-parameters (gpt-* and llama-*):
+// "llama-tiny:n_layer=4,n_kv_head=1" (keys as in the model's hyper(); models/gpt.h and
+// models/llama.h list them). Throws std::invalid_argument naming the known models for an unknown
+// name, the family's keys for an unknown key, or what is wrong with a value or the shape.
 std::unique_ptr<Model> make_model(std::string_view name);
-// The model a point trains: its name, shaped by the config's seq_len. Throws
-// std::invalid_argument for an unknown model or a seq_len it cannot take.
+// One configuration's one spelling: keys sorted, values canonical ("5e5" -> "500000", "1" ->
+// "true"), overrides equal to the base model's value dropped ("llama-tiny:n_layer=2" ->
+// "llama-tiny"). Throws as make_model, which it checks the result with.
+std::string canonical_model_name(std::string_view text);
+// The model a point trains: cfg.model_config's file (models/hf_config.h) when set, else
+// cfg.model, shaped by the config's seq_len. Throws std::invalid_argument for an unknown model,
+// a seq_len it cannot take, or a model config file that cannot be read, is refused, or differs
+// from the one the config was made with (cfg.model_config_sha256).
 std::unique_ptr<Model> make_model(const TrainConfig& cfg);
 std::vector<std::string> model_names();
 

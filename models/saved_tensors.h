@@ -100,7 +100,8 @@ class SavedTensors {
 //     boundary is kept);
 //   - selective: every block kept (one segment each), but `selective` is set: layers skip saving
 //     tensors that are cheap to recompute (GPT: attention probabilities and the c_fc output /
-//     GELU input; CNN: the ReLU output after the first batch-norm of a block; MLP: nothing).
+//     GELU input; Llama: attention probabilities and the SwiGLU output / down_proj input; CNN:
+//     the ReLU output after the first batch-norm of a block; MLP: nothing).
 struct CheckpointPlan {
   struct Segment {
     int begin = 0;  // first block

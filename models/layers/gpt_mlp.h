@@ -14,8 +14,8 @@ struct GptMlp {
 };
 
 // inp (N, C), moved in -> returns (N, C), a temporary.
-Tensor gpt_mlp_forward(LayerCtx& c, Tensor inp, const GptMlp& m);
+Tensor mlp_forward(LayerCtx& c, Tensor inp, const GptMlp& m);
 // dout (N, C) -> returns dL/dinp (N, C), a temporary.
-Tensor gpt_mlp_backward(LayerCtx& c, const Tensor& dout, const GptMlp& m);
+Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const GptMlp& m);
 
 }  // namespace memtrade

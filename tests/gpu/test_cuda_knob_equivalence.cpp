@@ -71,9 +71,9 @@ class StallingDevice final : public ForwardingDevice {
 
 class CudaKnobEquivalence : public ::testing::TestWithParam<std::string> {};
 
-// gpt-tiny and mlp-tiny only: the CNN's cuDNN algorithms are not filtered for determinism.
-// Every knob of the CPU suite (tests/models/test_trainer_util.h: knob_variants), on a plain
-// CUDA device and on one that stalls its streams.
+// gpt-tiny, llama-tiny and mlp-tiny only: the CNN's cuDNN algorithms are not filtered for
+// determinism. Every knob of the CPU suite (tests/models/test_trainer_util.h: knob_variants), on a
+// plain CUDA device and on one that stalls its streams.
 TEST_P(CudaKnobEquivalence, BitIdenticalToPlainEvenWithStalledStreams) {
   MEMTRADE_REQUIRE_CUDA();
 #ifdef MEMTRADE_HAVE_CUDA
@@ -88,8 +88,8 @@ TEST_P(CudaKnobEquivalence, BitIdenticalToPlainEvenWithStalledStreams) {
 #endif
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaKnobEquivalence, ::testing::Values("gpt-tiny", "mlp-tiny"),
-                         model_test_name);
+INSTANTIATE_TEST_SUITE_P(Models, CudaKnobEquivalence,
+                         ::testing::Values("gpt-tiny", "llama-tiny", "mlp-tiny"), model_test_name);
 
 }  // namespace
 }  // namespace memtrade::testing

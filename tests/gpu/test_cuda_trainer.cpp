@@ -1,6 +1,7 @@
 // The Trainer on the CUDA backend against the CPU backend: same losses, grads and updates to
 // GEMM-order rounding, and the same allocations (docs/design.md: the same model and knobs make the
 // same allocation sequence on both backends). Skipped without a usable CUDA device.
+#include <cctype>
 #include <ostream>
 #include <string>
 
@@ -85,11 +86,29 @@ INSTANTIATE_TEST_SUITE_P(
                    c.precision = Precision::bf16;
                    c.offload = Offload::optimizer;
                  }},
-        CudaCase{"cnn-tiny", "plain", [](TrainConfig&) {}}),
+        CudaCase{"cnn-tiny", "plain", [](TrainConfig&) {}},
+        // Llama: GQA, RoPE, SwiGLU, RMSNorm, the stacked q/k/v projection; tied and untied.
+        CudaCase{"llama-tiny", "plain", [](TrainConfig&) {}},
+        CudaCase{"llama-tiny:tie_word_embeddings=true", "tied", [](TrainConfig&) {}},
+        CudaCase{"llama-mini", "plain", [](TrainConfig&) {}},
+        CudaCase{"llama-tiny", "flash", [](TrainConfig& c) { c.attention = AttentionKind::flash; }},
+        CudaCase{"llama-tiny", "selective",
+                 [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("selective"); }},
+        CudaCase{"llama-tiny", "checkpoint", [](TrainConfig& c) { c.checkpoint.density = 1.0; }},
+        CudaCase{"llama-tiny", "offload_params",
+                 [](TrainConfig& c) { c.offload = Offload::params; }},
+        CudaCase{"llama-tiny", "pageable_zero_accumulation",
+                 [](TrainConfig& c) {
+                   c.input = InputMemory::pageable;
+                   c.zero_grad = ZeroGrad::zero;
+                   c.accumulation = 2;
+                 }},
+        CudaCase{"llama-tiny", "bf16", [](TrainConfig& c) { c.precision = Precision::bf16; }},
+        CudaCase{"llama-tiny", "fp16", [](TrainConfig& c) { c.precision = Precision::fp16; }}),
     [](const auto& p) {
       std::string s = p.param.model + "_" + p.param.label;
       for (char& ch : s)
-        if (ch == '-') ch = '_';
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return s;
     });
 
@@ -97,7 +116,7 @@ INSTANTIATE_TEST_SUITE_P(
 // workspace and op scratch (temporaries) aside.
 TEST(TrainerCudaMemory, SameBreakdownAsCpu) {
   REQUIRE_CUDA();
-  for (std::string name : {"gpt-tiny", "mlp-tiny"}) {
+  for (std::string name : {"gpt-tiny", "llama-tiny", "mlp-tiny"}) {
     TrainConfig cfg = base_config(name, 4);
     std::array<std::int64_t, kNumCategories> at_peak[2];
     for (int backend = 0; backend < 2; ++backend) {

@@ -80,5 +80,44 @@ TEST(EstimateFixture, EveryFigureIsAsRecorded) {
   }
 }
 
+// The memory model is exact on the CPU for the Llama family too: every knob around llama-tiny
+// (and the tied and mini sizes) runs as a grid, and each point's predicted peak and breakdown
+// are its measured ones, byte for byte.
+TEST(EstimateLlama, PredictedIsMeasuredOnEveryKnob) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("g.toml"), R"(name = "llama-exact"
+mode = "sweep"
+[run]
+backend = "cpu"
+warmup = 1
+steps = 2
+[axes]
+model = ["llama-tiny", "llama-tiny:tie_word_embeddings=true", "llama-mini"]
+batch_size = [4]
+accumulation = [1, 2]
+precision = ["fp32", "bf16", "fp16", "bf16-pure"]
+checkpoint = [0, 1, "sqrt", "selective"]
+optimizer = ["adam", "sgd"]
+offload = ["none", "activations", "optimizer", "params"]
+zero_grad = ["set_to_none", "zero"]
+mode = ["train", "eval"]
+seq_len = [0, 16]
+attention = ["math", "flash"]
+[baseline]
+model = "llama-tiny"
+)");
+  const testing::CliResult r =
+      testing::run_cli("run --grid " + dir.file("g.toml") + " --quiet --out " + dir.file("r.json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto results = testing::json::parse(testing::read_file(dir.file("r.json")));
+  ASSERT_GE(results["points"].size(), 18u);
+  for (const auto& p : results["points"]) {
+    SCOPED_TRACE(p["id"].get<std::string>());
+    ASSERT_EQ(p["status"], "ok") << p["error"];
+    EXPECT_EQ(p["memory"]["predicted_peak"], p["memory"]["peak_allocated"]);
+    EXPECT_EQ(p["memory"]["predicted_breakdown"], p["memory"]["breakdown_at_peak"]);
+  }
+}
+
 }  // namespace
 }  // namespace memtrade

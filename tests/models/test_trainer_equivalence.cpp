@@ -19,7 +19,10 @@ TEST_P(KnobEquivalence, BitIdenticalToPlainFp32Adam) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, KnobEquivalence,
-                         ::testing::Values("gpt-tiny", "mlp-tiny", "cnn-tiny"), model_test_name);
+                         ::testing::Values("gpt-tiny", "llama-tiny",
+                                           "llama-tiny:tie_word_embeddings=true", "mlp-tiny",
+                                           "cnn-tiny"),
+                         model_test_name);
 
 // The comparison above must be able to fail: a run that really differs is caught.
 TEST(KnobEquivalence, DetectsADifferentRun) {
@@ -66,8 +69,8 @@ TEST_P(Accumulation, SplitsOfTheSameBatchAgree) {
   EXPECT_GT(worst, 1e-2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Accumulation, ::testing::Values("gpt-tiny", "mlp-tiny"),
-                         model_test_name);
+INSTANTIATE_TEST_SUITE_P(Models, Accumulation,
+                         ::testing::Values("gpt-tiny", "llama-tiny", "mlp-tiny"), model_test_name);
 
 }  // namespace
 }  // namespace memtrade::testing

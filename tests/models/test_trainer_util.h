@@ -2,6 +2,7 @@
 // return everything the tests compare.
 #pragma once
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -32,11 +33,12 @@ inline TrainConfig base_config(const std::string& model, std::int64_t batch = 4)
   return c;
 }
 
-// "gpt-tiny" -> "gpt_tiny" for parameterised test names.
+// "gpt-tiny" -> "gpt_tiny", "llama-tiny:n_layer=4" -> "llama_tiny_n_layer_4" for parameterised
+// test names.
 inline std::string model_test_name(const ::testing::TestParamInfo<std::string>& p) {
   std::string s = p.param;
   for (char& ch : s)
-    if (ch == '-') ch = '_';
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return s;
 }
 

@@ -34,8 +34,7 @@ def load_params(out, meta, sub="params"):
 
 
 def torch_step(out, meta):
-    family = meta["config"]["model"].split("-")[0]
-    model = torch_models.build(family, meta["hyper"]).double()
+    model = torch_models.build(meta["hyper"]["family"], meta["hyper"]).double()
     state = {k: v.double() for k, v in load_params(out, meta).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     # The tied lm_head is not dumped twice; buffers (batch-norm running stats) are not
@@ -70,7 +69,7 @@ def assert_close(name, got, ref, tol, eps):
         f"(got {got.flat[worst]:.6g}, ref {ref.flat[worst]:.6g})")
 
 
-@pytest.mark.parametrize("model", ["gpt-tiny", "mlp-tiny", "cnn-tiny"])
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny", "mlp-tiny", "cnn-tiny"])
 @pytest.mark.parametrize("flags", [
     ("--precision", "fp32"),
     ("--precision", "fp32", "--accumulation", "2"),
