@@ -37,7 +37,13 @@ def skip_reason(cfg, device):
 
 def init_like_memtrade(torch, model, family, hyper):
     """GPT: nanoGPT's init (N(0, 0.02), residual projections 0.02/sqrt(2L), zero biases), as
-    memtrade's models/gpt.cpp. MLP/CNN keep PyTorch's defaults, which memtrade mirrors."""
+    memtrade's models/gpt.cpp. Llama: HF's (N(0, 0.02) for every matrix, RMSNorm weights 1), as
+    models/llama.cpp. MLP/CNN keep PyTorch's defaults, which memtrade mirrors."""
+    if family == "llama":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.02) if p.dim() == 2 else p.fill_(1.0)
+        return
     if family != "gpt":
         return
     proj = 0.02 / math.sqrt(2 * hyper["n_layer"])
@@ -118,7 +124,7 @@ def run_point(spec):
     g = torch.Generator().manual_seed(seed)
 
     def micro_batch():
-        if family == "gpt":
+        if family in ("gpt", "llama"):
             T = int(hyper.get("seq_len", hyper["block_size"]))
             x = torch.randint(0, hyper["vocab_size"], (B, T), generator=g)  # (B, T)
             t = torch.randint(0, hyper["vocab_size"], (B, T), generator=g)  # (B, T)
@@ -135,7 +141,7 @@ def run_point(spec):
     input_bytes = sum(x.numel() * x.element_size() + t.numel() * t.element_size()
                       for x, t in batches[0])  # one step's worth
     tokens_per_sample = int(hyper.get("seq_len", hyper.get("block_size", 1))) \
-        if family == "gpt" else 1
+        if family in ("gpt", "llama") else 1
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch_models.make_optimizer(resolved["optimizer_hyper"], params) if train else None
