@@ -118,6 +118,17 @@ def load_trace(path: str | pathlib.Path) -> dict:
     return doc
 
 
+ESTIMATE_SCHEMA = "memtrade.estimate/1"
+
+
+def load_estimates(path: str | pathlib.Path) -> dict:
+    """`memtrade estimate --json` output (memtrade.estimate/1): predicted peaks, not measured."""
+    doc = _read_json(path)
+    _check(path, doc, "estimate", ESTIMATE_SCHEMA)
+    doc["_path"] = str(path)
+    return doc
+
+
 def load_history(path: str | pathlib.Path) -> dict:
     """Runs (ordered by time, then id) and their points from a `memtrade history` SQLite DB."""
     p = pathlib.Path(path)

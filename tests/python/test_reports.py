@@ -399,3 +399,24 @@ def test_crowded_grid_is_limited(tmp_path):
     assert len(bd.rows) == C.MAX_BARS
     front_labels = {A.compact_label(pts[i]["config"], A.label_knobs(pts)) for i in A.pareto_front(pts)}
     assert front_labels <= {r[0] for r in bd.rows}
+
+
+def test_seq_len_curve_measured_and_predicted(tmp_path):
+    """Points differing only in seq_len make lines (x = the tokens actually trained, from hyper);
+    estimate documents make the predicted panel; math and flash are separate lines."""
+    def pt(t, attention, peak):
+        p = mk(model="gpt", peak=peak, thr=1.0, seq_len=0 if t == 64 else t, attention=attention)
+        p["config"]["hyper"] = {"seq_len": t}
+        return p
+    pts = [pt(t, a, t * t * (4 if a == "math" else 1) + 1000) for t in (16, 32, 64)
+           for a in ("math", "flash")]
+    est = {"schema": "memtrade.estimate/1", "backend": "cuda", "capacity": None,
+           "points": [{"id": f"e{t}{a}", "config": {**q["config"]}, "peak_allocated": q["memory"]["peak_allocated"] * 2}
+                      for q in pts for t, a in [(q["config"]["hyper"]["seq_len"], q["config"]["attention"])]]}
+    chart = C.seq_len_curve(pts, [est], tmp_path, ["png"])
+    assert chart.files == ["seq-len.png"]
+    lines = {r[1] for r in chart.rows}
+    assert lines == {"gpt math", "gpt flash"}
+    assert {r[0] for r in chart.rows} == {"measured", "predicted"}
+    assert sorted(int(r[2]) for r in chart.rows if r[:2] == ["measured", "gpt math"]) == [16, 32, 64]
+    assert C.seq_len_curve(pts[:1], [], tmp_path, ["png"]).skipped
