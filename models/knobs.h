@@ -87,7 +87,8 @@ class KnobError : public std::invalid_argument {
 // Sets one axis from text; throws KnobError naming the axis.
 void set_knob(TrainConfig& cfg, const Knob& k, std::string_view text);
 
-// "gpt-tiny/b8/a1/fp32/ck0/adam/off-none/zg-set_to_none/train/ec-never/in-pinned", then the
+// "gpt-tiny/b8/a1/fp32/ck0/adam/off-none/zg-set_to_none/train/ec-never/in-pinned", with the
+// when_applies axes where they apply ("gpt-tiny/b8/a1/bf16/ac-torch-cuda/ck0/..."), and the
 // non_default axes that apply and differ from their default ("/seq128"), in table order.
 std::string point_id(const TrainConfig& c);
 

@@ -95,6 +95,30 @@ std::vector<std::string> model_names() {
   return out;
 }
 
+std::shared_ptr<Tensor> ParamStore::weight_cast(int index, DType dtype, Ops& ops) {
+  Tensor& w = weight(index);
+  if (w.dtype() == dtype) return std::shared_ptr<Tensor>(std::shared_ptr<Tensor>{}, &w);
+  std::shared_ptr<Tensor>& cast = casts_[index];
+  if (!cast) {
+    cast = std::make_shared<Tensor>(*w.allocator(), w.shape(), dtype, Category::casts);
+    ops.cast(*cast, w);
+  } else if (cast->dtype() != dtype) {
+    throw std::logic_error(fmt::format("weight {} cast to {} and to {} in one autocast region",
+                                       index, dtype_name(cast->dtype()), dtype_name(dtype)));
+  }
+  return cast;
+}
+
+RunOptions RunOptions::from(const TrainConfig& cfg) {
+  RunOptions o;
+  o.act_dtype = compute_dtype(cfg.precision);
+  o.training = cfg.mode == Mode::train;
+  o.checkpoint = cfg.checkpoint;
+  o.offload_activations = cfg.offload == Offload::activations;
+  if (auto dt = autocast_dtype(cfg.precision)) o.amp = AutocastSpec{*dt, cfg.autocast_policy};
+  return o;
+}
+
 std::int64_t Model::num_params() const {
   std::int64_t total = 0;
   for (const auto& p : params())

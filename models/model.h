@@ -10,8 +10,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -49,14 +51,42 @@ class ParamStore {
   // (offload = params) can be brought in before use and dropped after.
   virtual void enter_block(int /*block*/) {}
   virtual void exit_block(int /*block*/) {}
+
+  // ---- autocast's weight-cast cache (torch's cached_cast) --------------------------------------
+  // weight(index) cast to `dtype` with `ops`: made on the first request of an autocast region
+  // (one forward, or one recompute of a checkpointed segment), from the weight's own allocator
+  // with Category::casts, and handed out again for every later request until clear_casts(),
+  // which the model calls when the region ends. Owners beyond the cache (a saved tensor of the
+  // op that read it, SavedTensors::share) keep a cast alive after that, as autograd's graph keeps
+  // PyTorch's cached casts until the backward that uses them. `dtype` equal to the weight's: the
+  // weight itself, not owned.
+  std::shared_ptr<Tensor> weight_cast(int index, DType dtype, Ops& ops);
+  void clear_casts() { casts_.clear(); }
+  std::size_t cached_casts() const { return casts_.size(); }
+
+ private:
+  std::unordered_map<int, std::shared_ptr<Tensor>> casts_;
+};
+
+// torch.autocast for a forward/backward pass: the 16-bit dtype and whose op lists decide the
+// dtype of each op (models/autocast_policy.h).
+struct AutocastSpec {
+  DType dtype = DType::BF16;
+  autocast::Policy policy = autocast::Policy::torch_cuda;
 };
 
 // How a forward/backward pass runs.
 struct RunOptions {
-  DType act_dtype = DType::F32;      // activations (and weights) dtype
+  // The activations' dtype (the weights' too). Under autocast: the dtype of the model input and
+  // of every op autocast leaves alone (fp32), the ops' own dtypes coming from `amp`.
+  DType act_dtype = DType::F32;
   bool training = true;              // eval: nothing saved, no backward
   Checkpoint checkpoint{};           // which blocks are recomputed in backward
   bool offload_activations = false;  // saved activations go to pinned host memory
+  std::optional<AutocastSpec> amp;   // set: autocast (fp16/bf16 precision)
+
+  // The options a Trainer runs a config with.
+  static RunOptions from(const TrainConfig& cfg);
 };
 
 struct FlopCount {

@@ -38,7 +38,8 @@ DEFAULTS = {
     "input": "pinned",
 }
 
-CATEGORIES = ("params", "master", "grads", "optimizer", "activations", "temporaries", "workspace", "io")
+CATEGORIES = ("params", "master", "casts", "grads", "optimizer", "activations", "temporaries",
+              "workspace", "io")
 
 # Capacity presets (GiB) for the batch-size chart: common card sizes.
 CAPACITY_PRESETS_GIB = (16, 24, 40, 80, 141)
