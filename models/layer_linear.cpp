@@ -4,7 +4,7 @@ namespace memtrade {
 
 void linear_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const Linear& l) {
   c.expect_input(Op::linear, inp);
-  const Tensor& w = c.op_weight(Op::linear, l.weight);
+  const Tensor& w = c.op_weight(Op::linear, l.weight, l.input_grad);
   const Tensor* bias = l.bias >= 0 ? &c.op_weight(Op::linear, l.bias, false) : nullptr;
   c.ops().linear_forward(out, inp, w, bias);
 }
@@ -13,8 +13,9 @@ void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Ten
                      const Linear& l) {
   Tensor dout_cast;
   const Tensor& dout = c.grad_as(dout_in, c.out_dtype(Op::linear, inp), dout_cast);
-  const Tensor& w = c.op_weight(Op::linear, l.weight);
-  ParamGrad gw(c, l.weight, w.dtype());
+  // The weight only matters for dinp (without it, the op reads just its shape).
+  const Tensor& w = dinp ? c.op_weight(Op::linear, l.weight) : c.weight(l.weight);
+  ParamGrad gw(c, l.weight, c.weight_dtype(Op::linear, l.weight));
   if (l.bias < 0) {
     c.ops().linear_backward(dinp, &gw.t(), nullptr, dout, inp, w, gw.accumulate());
     gw.finish();

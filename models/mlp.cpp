@@ -19,7 +19,7 @@ MlpModel::MlpModel(MlpConfig cfg) : cfg_(std::move(cfg)) {
     const float std = 1.0f / std::sqrt(3.0f * static_cast<float>(in));
     const int block = j < n ? j : -1;
     layers_.push_back({add_param(fmt::format("layers.{}.weight", j), {out, in}, std, block),
-                       add_param(fmt::format("layers.{}.bias", j), {out}, 0, block)});
+                       add_param(fmt::format("layers.{}.bias", j), {out}, 0, block), j > 0});
     in = out;
   }
 }

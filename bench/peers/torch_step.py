@@ -21,7 +21,9 @@ each in its own child), so the CUDA caching allocator's peaks never leak between
 How each knob maps onto PyTorch eager:
   precision   fp32: plain fp32, TF32 off for matmul and cuDNN; tf32: both on (CUDA only);
               fp16 / bf16: torch.autocast (fp32 weights = the master copy), fp16 with GradScaler
-              (init 2^16, growth x2 every 2000 steps, back-off x0.5, as memtrade);
+              (init 2^16, growth x2 every 2000 steps, back-off x0.5, as memtrade), on the
+              device's own op lists: memtrade's autocast_policy must name that device;
+              fp16-o2 / bf16-o2 (16-bit weights, fp32 master) have no eager counterpart;
               fp16-pure / bf16-pure: model.half() / .bfloat16(); fp16-pure keeps memtrade's
               dynamic loss scaling by hand (GradScaler refuses fp16 gradients).
   checkpoint  torch.utils.checkpoint (non-reentrant) on memtrade's plan: density d recomputes
@@ -72,10 +74,15 @@ class BadInput(Exception):
 # ---- points ---------------------------------------------------------------------------------
 
 def parse_id(pid, seed=0):
-    """memtrade's point id -> config (harness/grid.cpp point_id, inverted)."""
+    """memtrade's point id -> config (models/knobs.cpp point_id, inverted): 11 fields, or 12 with
+    the autocast policy ("ac-torch-cuda") after an autocast precision."""
     parts = pid.split("/")
+    policy = {}
+    if len(parts) == 12 and parts[4].startswith("ac-"):
+        policy = {"autocast_policy": parts.pop(4)[len("ac-"):]}
     if len(parts) != 11:
-        raise BadInput(f"cannot parse point id {pid!r} (expected 11 '/'-separated fields)")
+        raise BadInput(f"cannot parse point id {pid!r} (expected 11 '/'-separated fields, 12 "
+                       f"with an autocast policy)")
     model, b, a, prec, ck, opt, off, zg, mode, ec, inp = parts
 
     def strip(s, prefix):
@@ -88,7 +95,7 @@ def parse_id(pid, seed=0):
                 "accumulation": int(strip(a, "a")), "precision": prec,
                 "checkpoint": strip(ck, "ck"), "optimizer": opt, "offload": strip(off, "off-"),
                 "zero_grad": strip(zg, "zg-"), "mode": mode, "empty_cache": strip(ec, "ec-"),
-                "input": strip(inp, "in-"), "seed": seed}
+                "input": strip(inp, "in-"), "seed": seed, **policy}
     except ValueError as e:
         raise BadInput(f"point id {pid!r}: {e}") from None
 
@@ -123,9 +130,13 @@ def points_from_results(path):
 
 
 def points_from_list(binary, list_args, seed):
-    out = run_bin([binary, "run", *list_args, "--list"], "memtrade run --list")
-    ids = [line.strip() for line in out.splitlines() if line.strip()]
-    return [{"id": i, "config": parse_id(i, seed), "ref": None} for i in ids]
+    out = run_bin([binary, "run", *list_args, "--list", "--json"], "memtrade run --list --json")
+    try:
+        listed = json.loads(out)["points"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"memtrade run --list --json: unexpected output ({e})") from None
+    return [{"id": p["id"], "config": {**p["config"], "seed": seed}, "ref": None}
+            for p in listed]
 
 
 def grid_settings(path):
@@ -176,6 +187,13 @@ def skip_reason(cfg, device):
         return "precision=tf32 is a CUDA tensor-core format"
     if device != "cuda" and prec == "fp16":
         return "precision=fp16 (autocast + GradScaler) needs CUDA"
+    if prec in ("fp16-o2", "bf16-o2"):
+        return (f"precision={prec}: O2 mixed precision (16-bit weights and activations, fp32 "
+                f"master) has no PyTorch eager counterpart")
+    policy = cfg.get("autocast_policy", "torch-cuda")
+    if prec in ("fp16", "bf16") and policy != f"torch-{device}":
+        return (f"autocast_policy={policy}: torch.autocast on {device} follows PyTorch's "
+                f"{device} lists (memtrade's torch-{device} policy)")
     if device != "cuda" and prec == "fp16-pure":
         return "precision=fp16-pure: PyTorch's CPU kernels lack fp16 (LayerNorm, addmm)"
     return None
