@@ -14,6 +14,7 @@ from typing import Any, Iterable, Sequence
 KNOBS = (
     "model",
     "precision",
+    "autocast_policy",
     "checkpoint",
     "optimizer",
     "offload",
@@ -29,6 +30,7 @@ KNOBS = (
 DEFAULTS = {
     "accumulation": 1,
     "precision": "fp32",
+    "autocast_policy": "torch-cuda",
     "checkpoint": "0",
     "optimizer": "adam",
     "offload": "none",
@@ -104,10 +106,16 @@ def checkpoint_density(value: Any) -> float | None:
         return None
 
 
+# Precisions the autocast policy qualifies (models/knobs.h: the axis applies to them only).
+AUTOCAST_PRECISIONS = ("fp16", "bf16")
+
+
 def knob_value(config: dict, knob: str) -> Any:
     v = config.get(knob, DEFAULTS.get(knob))
     if knob == "checkpoint":
         return norm_checkpoint(v if v is not None else "0")
+    if knob == "autocast_policy" and knob_value(config, "precision") not in AUTOCAST_PRECISIONS:
+        return DEFAULTS[knob]  # means nothing there: never tells two points apart
     return v
 
 
@@ -143,6 +151,8 @@ def short_value(knob: str, value: Any) -> str:
         return f"b{value}"
     if knob == "accumulation":
         return f"a{value}"
+    if knob == "autocast_policy":
+        return f"ac-{value}"
     return str(value)
 
 

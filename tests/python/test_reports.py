@@ -132,6 +132,17 @@ def test_checkpoint_normalisation_and_labels():
     assert A.compact_label(cfg2, varying) == "fp32 off-act b8"
 
 
+def test_autocast_policy_tells_only_autocast_points_apart():
+    cuda = mk(peak=1, thr=1.0, precision="bf16")
+    cpu = mk(peak=1, thr=1.0, precision="bf16", autocast_policy="torch-cpu")
+    o2 = [mk(peak=1, thr=1.0, precision="bf16-o2", autocast_policy=p)
+          for p in ("torch-cuda", "torch-cpu")]
+    assert A.varying_knobs([cuda, cpu]) == ["autocast_policy"]
+    assert A.varying_knobs(o2) == []  # the axis does not apply to O2: the points are one
+    assert A.knob_tuple(o2[0]["config"]) == A.knob_tuple(o2[1]["config"])
+    assert A.compact_label(cpu["config"], ["precision", "autocast_policy"]) == "bf16 ac-torch-cpu"
+
+
 # ---------------------------------------------------------------------------------------------
 # Capacity fits, units, traces
 
