@@ -3,7 +3,8 @@
 
     torch_step.py --points RESULTS.json   --memtrade BIN --out torch.json [--device cuda|cpu]
     torch_step.py --grid FILE.toml        --memtrade BIN --out torch.json [--device cuda|cpu]
-    torch_step.py --model M --batch-size B [--precision P] [--checkpoint C] [--optimizer O]
+    torch_step.py --model M --batch-size B [--precision P] [--autocast-policy A]
+                  [--checkpoint C] [--optimizer O]
                   [--offload O] [--zero-grad Z] [--mode M] [--accumulation K] [--empty-cache E]
                   [--input I] [--seed S]  --memtrade BIN --out torch.json
     common: [--warmup W] [--steps S] [--timeout SECONDS] [--threads N] [--in-process]
@@ -563,8 +564,8 @@ def main(argv=None):
     src.add_argument("--grid", help="grid TOML (ids from `memtrade run --grid FILE --list`)")
     ap.add_argument("--model")
     ap.add_argument("--batch-size", type=int)
-    for axis in ("accumulation", "precision", "checkpoint", "optimizer", "offload", "zero-grad",
-                 "mode", "empty-cache", "input"):
+    for axis in ("accumulation", "precision", "autocast-policy", "checkpoint", "optimizer",
+                 "offload", "zero-grad", "mode", "empty-cache", "input"):
         ap.add_argument(f"--{axis}")
     ap.add_argument("--seed", type=int)
     ap.add_argument("--memtrade", default="build/memtrade", help="memtrade binary")
@@ -599,6 +600,7 @@ def run_all(args):
     if not args.out:
         raise BadInput("--out is required")
     knob_flags = [("--accumulation", args.accumulation), ("--precision", args.precision),
+                  ("--autocast-policy", args.autocast_policy),
                   ("--checkpoint", args.checkpoint), ("--optimizer", args.optimizer),
                   ("--offload", args.offload), ("--zero-grad", args.zero_grad),
                   ("--mode", args.mode), ("--empty-cache", args.empty_cache),
