@@ -9,11 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -65,7 +65,7 @@ class ParamStore {
   std::size_t cached_casts() const { return casts_.size(); }
 
  private:
-  std::unordered_map<int, std::shared_ptr<Tensor>> casts_;
+  std::map<int, std::shared_ptr<Tensor>> casts_;  // by index: cleared in index order
 };
 
 // torch.autocast for a forward/backward pass: the 16-bit dtype and whose op lists decide the

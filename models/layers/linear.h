@@ -11,11 +11,11 @@ namespace memtrade {
 
 struct Linear {
   ParamIndex weight = -1;
-  ParamIndex bias = -1;     // -1: no bias (the tied GPT head)
-  bool input_grad = true;   // false: the input needs no gradient (a network's first layer), so
-                            // backward reads no weight and autocast keeps no cast of it (addmm
-                            // saves its weight only for the input's gradient; a convolution
-                            // saves it always, so ConvBn has no such flag)
+  ParamIndex bias = -1;    // -1: no bias (the tied GPT head)
+  bool input_grad = true;  // false: the input needs no gradient (a network's first layer), so
+                           // backward reads no weight and autocast keeps no cast of it (addmm
+                           // saves its weight only for the input's gradient; a convolution
+                           // saves it always, so ConvBn has no such flag)
 };
 
 // `out` (N, OC), of dtype c.out_dtype(Op::linear, inp), is allocated by the caller, which knows
