@@ -25,14 +25,17 @@ constexpr Rule linear_rule(std::string_view source) {
           C::lower,
           D::lower,
           {{K::input_cast, D::lower, "input (for the weight gradient)"},
-           {K::weight_cast, D::lower, "weight (for the input gradient)"}},
+           {K::weight_cast, D::lower,
+            "weight (for the input gradient: not kept when the input needs none, a network's "
+            "first linear; measured, tests/python/test_saved_bytes.py)"}},
           source};
 }
 constexpr Rule conv2d_rule(std::string_view source) {
   return {conv2d,
           C::lower,
           D::lower,
-          {{K::input_cast, D::lower, "input"}, {K::weight_cast, D::lower, "weight"}},
+          {{K::input_cast, D::lower, "input"},
+           {K::weight_cast, D::lower, "weight (kept even where the input needs no gradient)"}},
           source};
 }
 constexpr Rule crossentropy_rule(std::string_view source) {
@@ -199,8 +202,64 @@ std::string_view op_name(Op op) {
   return kOpNames[static_cast<std::size_t>(op)];
 }
 
+namespace {
+constexpr std::array<std::string_view, kNumPolicies> kPolicyNames = {"torch-cuda", "torch-cpu"};
+}  // namespace
+
 std::string_view policy_name(Policy policy) {
-  return policy == Policy::torch_cuda ? "torch-cuda" : "torch-cpu";
+  return kPolicyNames.at(static_cast<std::size_t>(policy));
+}
+
+std::optional<Policy> parse_policy(std::string_view name) {
+  for (std::size_t i = 0; i < kNumPolicies; ++i)
+    if (kPolicyNames[i] == name) return static_cast<Policy>(i);
+  return std::nullopt;
+}
+
+std::vector<std::string> policy_names() {
+  return {kPolicyNames.begin(), kPolicyNames.end()};
+}
+
+namespace {
+
+DType widest(DType a, DType b) {
+  return a == DType::F32 || b == DType::F32 ? DType::F32 : a;
+}
+
+}  // namespace
+
+DType Rule::input_dtype(DType lower, DType in, DType other) const {
+  switch (compute) {
+    case Compute::lower:
+      return lower;
+    case Compute::fp32:
+      return DType::F32;
+    case Compute::promote:
+      return widest(in, other);
+    case Compute::input:
+      return in;
+    case Compute::outside:
+      break;
+  }
+  throw std::logic_error(std::string(op_name(op)) + " runs outside autocast: no input dtype");
+}
+
+DType Rule::output_dtype(DType lower, DType in, DType other) const {
+  switch (output) {
+    case Dtype::lower:
+      return lower;
+    case Dtype::fp32:
+      return DType::F32;
+    case Dtype::input:
+      return in;
+    case Dtype::widest:
+      return widest(in, other);
+    case Dtype::i64:
+    case Dtype::boolean:
+    case Dtype::none:
+      break;
+  }
+  throw std::logic_error(std::string(op_name(op)) + " has no floating output");
 }
 
 }  // namespace memtrade::autocast

@@ -48,14 +48,10 @@ GptModel::GptModel(GptConfig cfg) : cfg_(std::move(cfg)) {
 }
 
 nlohmann::json GptModel::hyper() const {
-  return {{"family", family()},
-          {"n_layer", cfg_.n_layer},
-          {"n_head", cfg_.n_head},
-          {"n_embd", cfg_.n_embd},
-          {"vocab_size", cfg_.vocab_size},
-          {"block_size", cfg_.block_size},
-          {"seq_len", cfg_.seq_len},
-          {"num_params", num_params()}};
+  return {
+      {"family", family()},      {"n_layer", cfg_.n_layer},       {"n_head", cfg_.n_head},
+      {"n_embd", cfg_.n_embd},   {"vocab_size", cfg_.vocab_size}, {"block_size", cfg_.block_size},
+      {"seq_len", cfg_.seq_len}, {"num_params", num_params()}};
 }
 
 void GptModel::make_batch(std::uint64_t seed, std::int64_t first, std::int64_t batch,
@@ -72,16 +68,18 @@ Tensor GptModel::stem_forward(LayerCtx& c, const Tensor& input) {
 Tensor GptModel::block_forward(LayerCtx& c, int block, const Tensor& x) {
   const Block& b = blocks_[block];
   const std::int64_t N = x.dim(0), C = x.dim(1), T = cfg_.seq_len;
-  Tensor ln1 = c.act_tensor({N, C});  // (B·T, C)
+  Tensor ln1 = c.act_tensor({N, C}, c.out_dtype(Op::layernorm, x));  // (B·T, C)
   layernorm_forward(c, ln1, x, b.ln_1);
   Tensor a = attention_forward(c, std::move(ln1), N / T, T, b.attn);
-  Tensor x1 = c.act_tensor({N, C});  // residual after attention: ln_2's input
+  // The residual after attention, ln_2's input (autocast: fp32 + 16-bit promotes to fp32).
+  Tensor x1 = c.act_tensor({N, C}, c.out_dtype(Op::add, x.dtype(), a.dtype()));
   c.ops().add(x1, x, a);
   a.reset();
-  Tensor ln2 = c.act_tensor({N, C});
+  Tensor ln2 = c.act_tensor({N, C}, c.out_dtype(Op::layernorm, x1));
   layernorm_forward(c, ln2, x1, b.ln_2);
   Tensor m = gpt_mlp_forward(c, std::move(ln2), b.mlp);
-  Tensor out = c.dev.empty({N, C}, c.act, Category::activations);  // the next block's input
+  Tensor out = c.dev.empty({N, C}, c.out_dtype(Op::add, x1.dtype(), m.dtype()),
+                           Category::activations);  // the next block's input
   c.ops().add(out, x1, m);
   c.keep("x1", std::move(x1));
   return out;
@@ -89,10 +87,11 @@ Tensor GptModel::block_forward(LayerCtx& c, int block, const Tensor& x) {
 
 Tensor GptModel::head_forward(LayerCtx& c, Tensor x, const Tensor& targets) {
   const std::int64_t N = x.dim(0), C = x.dim(1);
-  Tensor lnf = c.act_tensor({N, C});  // (B·T, C)
+  Tensor lnf = c.act_tensor({N, C}, c.out_dtype(Op::layernorm, x));  // (B·T, C)
   layernorm_forward(c, lnf, x, ln_f_);
   c.keep("x", std::move(x));
-  Tensor logits = c.act_tensor({N, cfg_.vocab_size});  // (B·T, V)
+  lnf = c.cast_input(Op::linear, std::move(lnf));
+  Tensor logits = c.act_tensor({N, cfg_.vocab_size}, c.out_dtype(Op::linear, lnf));  // (B·T, V)
   linear_forward(c, logits, lnf, Linear{embedding_.wte, -1});
   c.keep("lnf", std::move(lnf));
   return crossentropy_loss_forward(c, std::move(logits), targets);
@@ -100,15 +99,19 @@ Tensor GptModel::head_forward(LayerCtx& c, Tensor x, const Tensor& targets) {
 
 // ---- backward -----------------------------------------------------------------------------------
 
+// A gradient that comes back from a layer which cast its input (autocast: the 16-bit copy of an
+// fp32 layer-norm output) is cast back to that output's dtype before layer norm's backward.
+
 Tensor GptModel::head_backward(LayerCtx& c, float dloss) {
-  Tensor dlogits = crossentropy_loss_backward(c, dloss);  // (B·T, V)
   const Tensor& lnf = c.get("lnf");
-  Tensor dlnf = c.temp(lnf.shape());
+  Tensor dlogits = crossentropy_loss_backward(c, dloss, c.out_dtype(Op::linear, lnf));  // (B·T, V)
+  Tensor dlnf = c.temp_like(lnf);
   // The tied head writes wte's gradient first; the embedding adds to it later.
   linear_backward(c, &dlnf, dlogits, lnf, Linear{embedding_.wte, -1});
   dlogits.reset();
   const Tensor& x = c.get("x");
-  Tensor dres = c.temp(x.shape());  // (B·T, C): d(last block output)
+  dlnf = c.grad_as(std::move(dlnf), c.out_dtype(Op::layernorm, x));
+  Tensor dres = c.temp_like(x);  // (B·T, C): d(last block output)
   layernorm_backward(c, dres, dlnf, x, ln_f_);
   return dres;
 }
@@ -116,12 +119,14 @@ Tensor GptModel::head_backward(LayerCtx& c, float dloss) {
 void GptModel::block_backward(LayerCtx& c, int block, Tensor& dres) {
   const Block& b = blocks_[block];
   // out = x1 + mlp(ln_2(x1)): dres = d out -> d x1.
-  Tensor dln2 = gpt_mlp_backward(c, dres, b.mlp);
-  layernorm_backward_add(c, dres, dln2, c.get("x1"), b.ln_2);
+  const Tensor& x1 = c.get("x1");
+  Tensor dln2 = c.grad_as(gpt_mlp_backward(c, dres, b.mlp), c.out_dtype(Op::layernorm, x1));
+  layernorm_backward_add(c, dres, dln2, x1, b.ln_2);
   dln2.reset();
   // x1 = x + attn(ln_1(x)): dres = d x1 -> d x.
-  Tensor dln1 = attention_backward(c, dres, b.attn);
-  layernorm_backward_add(c, dres, dln1, c.get("x"), b.ln_1);
+  const Tensor& x = c.get("x");
+  Tensor dln1 = c.grad_as(attention_backward(c, dres, b.attn), c.out_dtype(Op::layernorm, x));
+  layernorm_backward_add(c, dres, dln1, x, b.ln_1);
 }
 
 void GptModel::stem_backward(LayerCtx& c, Tensor& dres) {
@@ -131,8 +136,7 @@ void GptModel::stem_backward(LayerCtx& c, Tensor& dres) {
 // ---- FLOPs --------------------------------------------------------------------------------------
 
 double GptModel::block_flops(std::int64_t batch, int) const {
-  const double N = static_cast<double>(batch) * cfg_.seq_len, C = cfg_.n_embd,
-               T = cfg_.seq_len;
+  const double N = static_cast<double>(batch) * cfg_.seq_len, C = cfg_.n_embd, T = cfg_.seq_len;
   // c_attn 3C², c_proj C², c_fc 4C², mlp.c_proj 4C² MACs per token; QKᵀ and att·V each
   // B·NH·T²·hd = B·T²·C MACs (the full square, as dense kernels compute it).
   return 2.0 * N * 12.0 * C * C + 2.0 * 2.0 * static_cast<double>(batch) * T * T * C;

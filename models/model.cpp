@@ -45,11 +45,16 @@ const std::vector<SizeRow>& size_table() {
       {"gpt-test", false, [](const Shaping& s) { return gpt("gpt-test", 2, 2, 8, 11, 5, s); }},
       {"gpt-tiny", true, [](const Shaping& s) { return gpt("gpt-tiny", 2, 2, 64, 256, 32, s); }},
       {"gpt-mini", true, [](const Shaping& s) { return gpt("gpt-mini", 4, 4, 128, 512, 64, s); }},
-      {"gpt-small", true, [](const Shaping& s) { return gpt("gpt-small", 6, 6, 384, 8192, 256, s); }},
-      {"gpt2-124m", true, [](const Shaping& s) { return gpt("gpt2-124m", 12, 12, 768, 50257, 1024, s); }},
-      {"gpt2-350m", true, [](const Shaping& s) { return gpt("gpt2-350m", 24, 16, 1024, 50257, 1024, s); }},
-      {"gpt2-774m", true, [](const Shaping& s) { return gpt("gpt2-774m", 36, 20, 1280, 50257, 1024, s); }},
-      {"gpt2-1558m", true, [](const Shaping& s) { return gpt("gpt2-1558m", 48, 25, 1600, 50257, 1024, s); }},
+      {"gpt-small", true,
+       [](const Shaping& s) { return gpt("gpt-small", 6, 6, 384, 8192, 256, s); }},
+      {"gpt2-124m", true,
+       [](const Shaping& s) { return gpt("gpt2-124m", 12, 12, 768, 50257, 1024, s); }},
+      {"gpt2-350m", true,
+       [](const Shaping& s) { return gpt("gpt2-350m", 24, 16, 1024, 50257, 1024, s); }},
+      {"gpt2-774m", true,
+       [](const Shaping& s) { return gpt("gpt2-774m", 36, 20, 1280, 50257, 1024, s); }},
+      {"gpt2-1558m", true,
+       [](const Shaping& s) { return gpt("gpt2-1558m", 48, 25, 1600, 50257, 1024, s); }},
       // MLP: in_features, hidden widths, classes.
       {"mlp-test", false,
        [](const Shaping&) {
@@ -111,6 +116,20 @@ std::vector<std::string> model_names() {
   return out;
 }
 
+std::shared_ptr<Tensor> ParamStore::weight_cast(int index, DType dtype, Ops& ops) {
+  Tensor& w = weight(index);
+  if (w.dtype() == dtype) return std::shared_ptr<Tensor>(std::shared_ptr<Tensor>{}, &w);
+  std::shared_ptr<Tensor>& cast = casts_[index];
+  if (!cast) {
+    cast = std::make_shared<Tensor>(*w.allocator(), w.shape(), dtype, Category::casts);
+    ops.cast(*cast, w);
+  } else if (cast->dtype() != dtype) {
+    throw std::logic_error(fmt::format("weight {} cast to {} and to {} in one autocast region",
+                                       index, dtype_name(cast->dtype()), dtype_name(dtype)));
+  }
+  return cast;
+}
+
 RunOptions RunOptions::from(const TrainConfig& cfg) {
   RunOptions o;
   o.act_dtype = compute_dtype(cfg.precision);
@@ -118,6 +137,7 @@ RunOptions RunOptions::from(const TrainConfig& cfg) {
   o.checkpoint = cfg.checkpoint;
   o.offload_activations = cfg.offload == Offload::activations;
   o.attention = cfg.attention;
+  if (auto dt = autocast_dtype(cfg.precision)) o.amp = AutocastSpec{*dt, cfg.autocast_policy};
   return o;
 }
 

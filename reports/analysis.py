@@ -14,7 +14,8 @@ from . import knobs as K
 
 # Allocator categories in stacking order (kernels/allocator.h); a breakdown may hold more (a newer
 # memtrade): categories() appends them.
-CATEGORIES = ("params", "master", "grads", "optimizer", "activations", "temporaries", "workspace", "io")
+CATEGORIES = ("params", "master", "casts", "grads", "optimizer", "activations", "temporaries",
+              "workspace", "io")
 
 
 def categories(breakdowns: Iterable[dict]) -> list[str]:

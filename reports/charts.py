@@ -32,10 +32,10 @@ MAX_TREND = 8          # point ids in the commit trend
 
 MODEL_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 CATEGORY_COLORS = {
-    "params": "#4c72b0", "master": "#8172b2", "grads": "#dd8452", "optimizer": "#c44e52",
+    "params": "#4c72b0", "master": "#8172b2", "casts": "#a1c9f4", "grads": "#dd8452", "optimizer": "#c44e52",
     "activations": "#55a868", "temporaries": "#937860", "workspace": "#da8bc3", "io": "#8c8c8c",
 }
-EXTRA_COLORS = ["#ccb974", "#64b5cd", "#b0b0b0", "#a1c9f4"]
+EXTRA_COLORS = ["#ccb974", "#64b5cd", "#b0b0b0", "#ffb482"]
 
 matplotlib.rcParams.update({
     "font.size": 9,

@@ -30,6 +30,13 @@ def skip_reason(cfg, device):
         return "precision=tf32 is a CUDA tensor-core format"
     if device != "cuda" and prec == "fp16":
         return "precision=fp16 (autocast + GradScaler) needs CUDA"
+    if prec in ("fp16-o2", "bf16-o2"):
+        return (f"precision={prec}: O2 mixed precision (16-bit weights and activations, fp32 "
+                f"master) has no PyTorch eager counterpart")
+    policy = cfg["autocast_policy"]
+    if prec in ("fp16", "bf16") and policy != f"torch-{device}":
+        return (f"autocast_policy={policy}: torch.autocast on {device} follows PyTorch's "
+                f"{device} lists (memtrade's torch-{device} policy)")
     if device != "cuda" and prec == "fp16-pure":
         return "precision=fp16-pure: PyTorch's CPU kernels lack fp16 (LayerNorm, addmm)"
     return None

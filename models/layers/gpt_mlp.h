@@ -13,9 +13,10 @@ struct GptMlp {
   Linear c_proj;
 };
 
-// inp (N, C), moved in -> returns (N, C), a temporary.
+// inp (N, C), moved in (saved as c_fc's input, cast to its input dtype first) -> returns (N, C),
+// a temporary.
 Tensor gpt_mlp_forward(LayerCtx& c, Tensor inp, const GptMlp& m);
-// dout (N, C) -> returns dL/dinp (N, C), a temporary.
+// dout (N, C) -> returns dL/dinp (N, C), a temporary in c_fc's input dtype.
 Tensor gpt_mlp_backward(LayerCtx& c, const Tensor& dout, const GptMlp& m);
 
 }  // namespace memtrade

@@ -1,4 +1,8 @@
 // LayerNorm (nn.LayerNorm, eps 1e-5) over the last dim of (N, C); mean/rstd (N) F32 are saved.
+//
+// Under autocast the input must already have layer norm's input dtype (the GPT's residual stream
+// is fp32 under both policies, so no cast is ever needed there; a 16-bit input under torch-cuda
+// would need autocast's fp32 cast kept as the saved input, which the callers do not make).
 #pragma once
 
 #include <string>
@@ -14,7 +18,8 @@ struct LayerNorm {
   static constexpr float kEps = 1e-5f;
 };
 
-// out (N, C) from inp (N, C); the caller saves inp if it is not saved elsewhere.
+// out (N, C), of dtype c.out_dtype(Op::layernorm, inp), from inp (N, C); the caller saves inp if
+// it is not saved elsewhere.
 void layernorm_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const LayerNorm& ln);
 // dinp (N, C) = dL/dinp from dout (N, C) and the forward input (overwritten).
 void layernorm_backward(LayerCtx& c, Tensor& dinp, const Tensor& dout, const Tensor& inp,

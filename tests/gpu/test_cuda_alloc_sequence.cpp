@@ -202,6 +202,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaAllocSequence,
 // moves with the workspace, which differs by design; equal sequences imply equal figures.)
 struct StepCase {
   std::string label, model, precision, checkpoint, offload;
+  std::string autocast_policy = "torch-cuda";
 };
 
 void PrintTo(const StepCase& c, std::ostream* os) {
@@ -219,6 +220,7 @@ TEST_P(CudaStepAllocSequence, SameAsCpuExceptWorkspace) {
   cfg.precision = *parse_precision(sc.precision);
   cfg.checkpoint = *Checkpoint::parse(sc.checkpoint);
   cfg.offload = *parse_offload(sc.offload);
+  cfg.autocast_policy = *autocast::parse_policy(sc.autocast_policy);
   std::vector<Event> events[2];
   Device* devs[2] = {cpu_.get(), gpu_.get()};
   for (int i = 0; i < 2; ++i) {
@@ -255,7 +257,16 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{"gpt_offload_opt", "gpt-tiny", "fp32", "0", "optimizer"},
                       StepCase{"mlp_fp16", "mlp-tiny", "fp16", "0", "none"},
                       StepCase{"cnn_fp32", "cnn-tiny", "fp32", "0", "none"},
-                      StepCase{"cnn_bf16_ck1", "cnn-tiny", "bf16", "1", "none"}),
+                      StepCase{"cnn_bf16_ck1", "cnn-tiny", "bf16", "1", "none"},
+                      // autocast under the other policy, its recompute and streamed weights'
+                      // casts, and the O2 precisions
+                      StepCase{"gpt_bf16_torch_cpu", "gpt-tiny", "bf16", "0", "none", "torch-cpu"},
+                      StepCase{"gpt_bf16_ck1", "gpt-tiny", "bf16", "1", "none"},
+                      StepCase{"gpt_bf16_offload_params", "gpt-tiny", "bf16", "0", "params"},
+                      StepCase{"gpt_bf16_o2", "gpt-tiny", "bf16-o2", "0", "none"},
+                      StepCase{"gpt_fp16_o2_selective", "gpt-tiny", "fp16-o2", "selective", "none"},
+                      StepCase{"mlp_bf16_ck1", "mlp-tiny", "bf16", "1", "none"},
+                      StepCase{"cnn_bf16_o2", "cnn-tiny", "bf16-o2", "0", "none"}),
     [](const auto& p) { return p.param.label; });
 
 }  // namespace

@@ -29,9 +29,23 @@ TrainConfig base() {
   return c;
 }
 
+// A base where `k` applies: base(), or base() with one other axis changed (the autocast policy
+// applies to an autocast precision only).
+TrainConfig base_for(const Knob& k) {
+  if (k.applies(base())) return base();
+  for (const Knob& o : knobs())
+    for (const std::string& v : o.test_values()) {
+      TrainConfig c = base();
+      set_knob(c, o, v);
+      if (k.applies(c)) return c;
+    }
+  ADD_FAILURE() << k.name << " applies to no config the walk can make";
+  return base();
+}
+
 // The base with one axis set (through the row) and resolved.
 TrainConfig with(const Knob& k, const std::string& value) {
-  TrainConfig c = base();
+  TrainConfig c = base_for(k);
   set_knob(c, k, value);
   resolve_config(c);
   return c;
@@ -80,8 +94,10 @@ TEST(Knobs, EveryValueThroughFlagsIdsJsonAndGrid) {
       CLI::App app;
       KnobFlags flags;
       add_knob_flags(app, flags);
+      const TrainConfig b = base_for(k);
       std::vector<std::string> argv{v, k.flag};  // CLI11 parses argv reversed
-      if (k.name != "model") argv.insert(argv.end(), {base().model, "--model"});
+      for (const Knob& o : knobs())
+        if (o.name != k.name) argv.insert(argv.end(), {o.get(b), o.flag});
       app.parse(argv);
       const TrainConfig from_flag = to_train_config(flags);
       EXPECT_EQ(point_id(from_flag), point_id(expected));
@@ -95,8 +111,8 @@ TEST(Knobs, EveryValueThroughFlagsIdsJsonAndGrid) {
       if (shown) {
         EXPECT_NE(id.find(k.id_prefix + v), std::string::npos) << id;
       }
-      if (v != k.get(base()) && k.applies(expected)) {
-        EXPECT_NE(id, point_id(base()));
+      if (v != k.get(b) && k.applies(expected)) {
+        EXPECT_NE(id, point_id(b));
       }
 
       // The one serialiser round-trips, with the row's JSON type.
@@ -107,10 +123,11 @@ TEST(Knobs, EveryValueThroughFlagsIdsJsonAndGrid) {
       EXPECT_EQ(k.get(config_from_json(j)), v);
 
       // A grid file: the axis key with the value, in its TOML type.
-      const std::string model_line =
-          k.name == "model" ? "" : fmt::format("model = [\"{}\"]\n", base().model);
+      std::string others;
+      for (const Knob& o : knobs())
+        if (o.name != k.name) others += fmt::format("{} = [{}]\n", o.name, toml_value(o, o.get(b)));
       const Grid g =
-          parse_grid(fmt::format("[axes]\n{}{} = [{}]\n", model_line, k.name, toml_value(k, v)),
+          parse_grid(fmt::format("[axes]\n{}{} = [{}]\n", others, k.name, toml_value(k, v)),
                      "walk.toml", "cpu");
       ASSERT_EQ(g.points.size(), 1u);
       EXPECT_EQ(g.points[0].id, id);

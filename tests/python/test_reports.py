@@ -138,6 +138,13 @@ def test_checkpoint_normalisation_and_labels():
     assert A.short_label(mk(peak=1, thr=1.0, mode="eval")["config"]) == "m b8 eval"
 
 
+def test_autocast_policy_tells_only_autocast_points_apart():
+    cuda = mk(peak=1, thr=1.0, precision="bf16")
+    cpu = mk(peak=1, thr=1.0, precision="bf16", autocast_policy="torch-cpu")
+    assert A.varying_knobs([cuda, cpu]) == ["autocast_policy"]
+    assert A.compact_label(cpu["config"], ["precision", "autocast_policy"]) == "bf16 ac-torch-cpu"
+
+
 # ---------------------------------------------------------------------------------------------
 # Capacity fits, units, traces
 
