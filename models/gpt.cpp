@@ -154,10 +154,8 @@ double GptModel::scores_flops(std::int64_t batch) const {
 
 double GptModel::selective_recompute_flops(std::int64_t batch, int,
                                            const RunOptions& options) const {
-  const double N = static_cast<double>(batch) * cfg_.seq_len, C = cfg_.n_embd;
-  // The attention probabilities (QKᵀ; flash keeps none to drop) and the c_fc output.
-  return (options.attention == AttentionKind::math ? scores_flops(batch) : 0.0) +
-         2.0 * N * 4.0 * C * C;
+  // Megatron's selective recompute: the attention probabilities (QKᵀ; flash keeps none).
+  return options.attention == AttentionKind::math ? scores_flops(batch) : 0.0;
 }
 
 double GptModel::attention_recompute_flops(std::int64_t batch, int,

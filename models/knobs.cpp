@@ -122,8 +122,9 @@ std::vector<Knob> make_table() {
   ck.id_prefix = "ck";
   ck.type = KnobType::density;
   ck.help =
-      "Activation checkpointing: the fraction of blocks recomputed in backward, sqrt (√n "
-      "segments) or selective (attention probabilities and GELU input only)";
+      "Activation checkpointing (torch.utils.checkpoint, non-reentrant): the fraction of blocks "
+      "recomputed in backward, sqrt (√n segments), or selective (Megatron: only the attention "
+      "core of each block; CNN: bn1-relu-conv2)";
   ck.values_text = "a density in [0, 1], sqrt or selective";
   ck.examples = {"0", "0.5", "1", "sqrt", "selective"};
   ck.get = [](const TrainConfig& c) { return c.checkpoint.str(); };

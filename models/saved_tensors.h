@@ -104,8 +104,10 @@ class SavedTensors {
 //   - sqrt: segments of s = ⌈√n⌉ consecutive blocks, all recomputed (only every s-th block
 //     boundary is kept);
 //   - selective: every block kept (one segment each), but `selective` is set: layers skip saving
-//     tensors that are cheap to recompute (GPT: attention probabilities and the c_fc output /
-//     GELU input; CNN: the ReLU output after the first batch-norm of a block; MLP: nothing).
+//     what is cheap to recompute. GPT: Megatron's selective recompute, the attention core (the
+//     (B, NH, T, T) probabilities; PyTorch: torch.utils.checkpoint around q,k,v -> softmax·V);
+//     CNN: the ReLU output after a block's first batch-norm (PyTorch: a checkpoint around
+//     bn1 -> relu -> conv2); MLP: nothing.
 struct CheckpointPlan {
   struct Segment {
     int begin = 0;  // first block

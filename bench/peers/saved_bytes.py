@@ -151,10 +151,8 @@ def measure_point(point, autocast, mallinfo=True, profiler=False):
         raise BadInput(f"{point.label}: no PyTorch twin for model family {family!r}")
     model = torch_saved.build_twin(c["model"], point.hyper)
     plan = point.plan(len(torch_models.parts(model)[1]))
-    if plan["selective"]:
-        raise BadInput(f"{point.label}: selective checkpointing has no PyTorch eager twin")
     x, t = torch_saved.make_batch(family, point.hyper, int(c["batch_size"]), point.dump)
-    kept, rec = torch_saved.measure(model, plan["segments"], x, t, autocast,
+    kept, rec = torch_saved.measure(model, plan, x, t, autocast,
                                     mallinfo=mallinfo, profiler=profiler)
     row = {"point": point.label, "autocast": autocast,
            "segments": plan["segments"], "torch_a": kept.hooks,

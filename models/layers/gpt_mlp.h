@@ -1,7 +1,8 @@
 // The GPT-2 MLP: c_fc (4C, C) -> GELU (tanh) -> c_proj (C, 4C).
 //
-// Saved: "mlp.inp" (c_fc input), "mlp.h" (B·T, 4C) GELU input unless selective (then
-// recomputed in backward from mlp.inp with c_fc), "mlp.g" (B·T, 4C) c_proj input.
+// Saved: "mlp.inp" (c_fc input), "mlp.h" (B·T, 4C) GELU input, "mlp.g" (B·T, 4C) c_proj input —
+// what autograd keeps for nn.Linear, F.gelu and nn.Linear. Selective checkpointing keeps them
+// all: it recomputes the attention core only (Megatron), models/layers/attention.h.
 #pragma once
 
 #include "models/layers/linear.h"
