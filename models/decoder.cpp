@@ -10,12 +10,12 @@
 namespace memtrade {
 namespace {
 
-// Multiply-adds per token that selective checkpointing spends again in a block's MLP.
-double selective_mlp_macs(const std::vector<ParamSpec>& p, const GptMlp& m) {
-  return static_cast<double>(shape_numel(p[m.c_fc.weight].shape));  // the GELU input: c_fc
+// The autocast op kind of a norm (models/autocast_policy.h).
+constexpr Op norm_op(const LayerNorm&) {
+  return Op::layernorm;
 }
-double selective_mlp_macs(const std::vector<ParamSpec>&, const LlamaMlp&) {
-  return 0.0;  // down_proj's input: SwiGLU of the saved gate and up, element-wise
+constexpr Op norm_op(const RmsNorm&) {
+  return Op::rmsnorm;
 }
 
 }  // namespace
@@ -46,20 +46,27 @@ Tensor DecoderModel<Norm, Mlp>::stem_forward(LayerCtx& c, const Tensor& input) {
   return embedding_forward(c, input, embedding_);  // (B·T, C)
 }
 
+// Under autocast (models/layers/context.h) the residual stream is fp32 (the embedding's output,
+// and fp32 + 16-bit promotes), the norms read it as it is and the attention and MLP cast their
+// inputs to the linears' 16-bit dtype; the gradient that comes back from a layer which cast its
+// input is cast back to the norm output's dtype before the norm's backward (grad_as).
+
 template <typename Norm, typename Mlp>
 Tensor DecoderModel<Norm, Mlp>::block_forward(LayerCtx& c, int block, const Tensor& x) {
   const Block& b = blocks_[block];
   const std::int64_t N = x.dim(0), C = x.dim(1), T = seq_len_;
-  Tensor h1 = c.act_tensor({N, C});  // (B·T, C)
+  Tensor h1 = c.act_tensor({N, C}, c.out_dtype(norm_op(b.norm_1), x));  // (B·T, C)
   norm_forward(c, h1, x, b.norm_1);
   Tensor a = attention_forward(c, std::move(h1), N / T, T, b.attn);
-  Tensor x1 = c.act_tensor({N, C});  // residual after attention: norm_2's input
+  // The residual after attention, norm_2's input (autocast: fp32 + 16-bit promotes to fp32).
+  Tensor x1 = c.act_tensor({N, C}, c.out_dtype(Op::add, x.dtype(), a.dtype()));
   c.ops().add(x1, x, a);
   a.reset();
-  Tensor h2 = c.act_tensor({N, C});
+  Tensor h2 = c.act_tensor({N, C}, c.out_dtype(norm_op(b.norm_2), x1));
   norm_forward(c, h2, x1, b.norm_2);
   Tensor m = mlp_forward(c, std::move(h2), b.mlp);
-  Tensor out = c.dev.empty({N, C}, c.act, Category::activations);  // the next block's input
+  Tensor out = c.dev.empty({N, C}, c.out_dtype(Op::add, x1.dtype(), m.dtype()),
+                           Category::activations);  // the next block's input
   c.ops().add(out, x1, m);
   c.keep("x1", std::move(x1));
   return out;
@@ -68,10 +75,11 @@ Tensor DecoderModel<Norm, Mlp>::block_forward(LayerCtx& c, int block, const Tens
 template <typename Norm, typename Mlp>
 Tensor DecoderModel<Norm, Mlp>::head_forward(LayerCtx& c, Tensor x, const Tensor& targets) {
   const std::int64_t N = x.dim(0), C = x.dim(1);
-  Tensor lnf = c.act_tensor({N, C});  // (B·T, C)
+  Tensor lnf = c.act_tensor({N, C}, c.out_dtype(norm_op(norm_f_), x));  // (B·T, C)
   norm_forward(c, lnf, x, norm_f_);
   c.keep("x", std::move(x));
-  Tensor logits = c.act_tensor({N, vocab_size_});  // (B·T, V)
+  lnf = c.cast_input(Op::linear, std::move(lnf));
+  Tensor logits = c.act_tensor({N, vocab_size_}, c.out_dtype(Op::linear, lnf));  // (B·T, V)
   linear_forward(c, logits, lnf, head_);
   c.keep("lnf", std::move(lnf));
   return crossentropy_loss_forward(c, std::move(logits), targets);
@@ -81,14 +89,15 @@ Tensor DecoderModel<Norm, Mlp>::head_forward(LayerCtx& c, Tensor x, const Tensor
 
 template <typename Norm, typename Mlp>
 Tensor DecoderModel<Norm, Mlp>::head_backward(LayerCtx& c, float dloss) {
-  Tensor dlogits = crossentropy_loss_backward(c, dloss);  // (B·T, V)
   const Tensor& lnf = c.get("lnf");
-  Tensor dlnf = c.temp(lnf.shape());
+  Tensor dlogits = crossentropy_loss_backward(c, dloss, c.out_dtype(Op::linear, lnf));  // (B·T, V)
+  Tensor dlnf = c.temp_like(lnf);
   // A tied head writes wte's gradient first; the embedding adds to it later.
   linear_backward(c, &dlnf, dlogits, lnf, head_);
   dlogits.reset();
   const Tensor& x = c.get("x");
-  Tensor dres = c.temp(x.shape());  // (B·T, C): d(last block output)
+  dlnf = c.grad_as(std::move(dlnf), c.out_dtype(norm_op(norm_f_), x));
+  Tensor dres = c.temp_like(x);  // (B·T, C): d(last block output)
   norm_backward(c, dres, dlnf, x, norm_f_);
   return dres;
 }
@@ -97,12 +106,14 @@ template <typename Norm, typename Mlp>
 void DecoderModel<Norm, Mlp>::block_backward(LayerCtx& c, int block, Tensor& dres) {
   const Block& b = blocks_[block];
   // out = x1 + mlp(norm_2(x1)): dres = d out -> d x1.
-  Tensor dh2 = mlp_backward(c, dres, b.mlp);
-  norm_backward_add(c, dres, dh2, c.get("x1"), b.norm_2);
+  const Tensor& x1 = c.get("x1");
+  Tensor dh2 = c.grad_as(mlp_backward(c, dres, b.mlp), c.out_dtype(norm_op(b.norm_2), x1));
+  norm_backward_add(c, dres, dh2, x1, b.norm_2);
   dh2.reset();
   // x1 = x + attn(norm_1(x)): dres = d x1 -> d x.
-  Tensor dh1 = attention_backward(c, dres, b.attn);
-  norm_backward_add(c, dres, dh1, c.get("x"), b.norm_1);
+  const Tensor& x = c.get("x");
+  Tensor dh1 = c.grad_as(attention_backward(c, dres, b.attn), c.out_dtype(norm_op(b.norm_1), x));
+  norm_backward_add(c, dres, dh1, x, b.norm_1);
 }
 
 template <typename Norm, typename Mlp>
@@ -138,9 +149,8 @@ double DecoderModel<Norm, Mlp>::head_flops(std::int64_t batch) const {
 template <typename Norm, typename Mlp>
 double DecoderModel<Norm, Mlp>::selective_recompute_flops(std::int64_t batch, int block,
                                                           const RunOptions& options) const {
-  const double N = static_cast<double>(batch) * static_cast<double>(seq_len_);
-  return (options.attention == AttentionKind::math ? scores_flops(batch, block) : 0.0) +
-         2.0 * N * selective_mlp_macs(params(), blocks_[block].mlp);
+  // Megatron's selective recompute: the attention probabilities (QKᵀ; flash keeps none).
+  return options.attention == AttentionKind::math ? scores_flops(batch, block) : 0.0;
 }
 
 template <typename Norm, typename Mlp>

@@ -64,9 +64,8 @@ class DecoderModel : public BlockModel {
   double stem_flops(std::int64_t) const final { return 0.0; }
   double block_flops(std::int64_t batch, int block) const final;
   double head_flops(std::int64_t batch) const final;
-  // Selective: the probabilities' QKᵀ (math; flash keeps none to drop) and what the MLP drops
-  // (GPT: the c_fc GEMM; Llama: an element-wise SwiGLU, no FLOPs counted). Flash's backward
-  // recomputes the scores (FlashAttention-2).
+  // Selective (Megatron's, the attention core): the probabilities' QKᵀ (math; flash keeps none
+  // to drop). Flash's backward recomputes the scores (FlashAttention-2).
   double selective_recompute_flops(std::int64_t batch, int block,
                                    const RunOptions& options) const final;
   double attention_recompute_flops(std::int64_t batch, int block,

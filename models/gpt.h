@@ -24,8 +24,8 @@ struct GptConfig {
   int block_size = 32;  // learned positions (HF: n_positions)
   double norm_eps = 1e-5;
   bool tie_word_embeddings = true;
-  int seq_len = 0;  // T; 0 = block_size
-  ConfigFile file;  // set when read from a config file
+  int seq_len = 0;    // T; 0 = block_size
+  ConfigFile file{};  // set when read from a config file
 };
 
 // The hyper-parameters a model override may set (`gpt-tiny:n_layer=4`), by hyper()'s keys.

@@ -162,9 +162,21 @@ std::vector<Knob> make_table() {
                          "Micro-batches per optimizer step (gradient accumulation)",
                          &TrainConfig::accumulation, {"1", "4"}));
   t.push_back(enum_knob("precision", "--precision", "",
-                        "Mixed precision: fp32, tf32 (CUDA), fp16/bf16 with an fp32 master "
-                        "copy, fp16-pure/bf16-pure without",
+                        "fp32, tf32 (CUDA), fp16/bf16 as torch.autocast (fp32 weights, per-op "
+                        "dtypes: --autocast-policy), fp16-o2/bf16-o2 (16-bit weights and "
+                        "activations, fp32 master copy), fp16-pure/bf16-pure (no master)",
                         &TrainConfig::precision, precision_name, parse_precision, precision_names));
+
+  // Qualifies the autocast precisions: in their ids even at its default, in no other id.
+  Knob policy = enum_knob(
+      "autocast_policy", "--autocast-policy", "ac-",
+      "Whose autocast op lists fp16/bf16 follow: PyTorch's CUDA lists (on every backend), or "
+      "its CPU lists (torch 1.13), which a CPU-only machine can check against PyTorch",
+      &TrainConfig::autocast_policy, autocast::policy_name, autocast::parse_policy,
+      autocast::policy_names);
+  policy.id_rule = IdRule::when_applies;
+  policy.applies = [](const TrainConfig& c) { return autocast_dtype(c.precision).has_value(); };
+  t.push_back(std::move(policy));
 
   Knob ck;
   ck.name = "checkpoint";
@@ -172,9 +184,9 @@ std::vector<Knob> make_table() {
   ck.id_prefix = "ck";
   ck.type = KnobType::density;
   ck.help =
-      "Activation checkpointing: the fraction of blocks recomputed in backward, sqrt (√n "
-      "segments) or selective (attention probabilities and the MLP's GELU input or SwiGLU "
-      "output only)";
+      "Activation checkpointing (torch.utils.checkpoint, non-reentrant): the fraction of blocks "
+      "recomputed in backward, sqrt (√n segments), or selective (Megatron: only the attention "
+      "core of each block; CNN: bn1-relu-conv2)";
   ck.values_text = "a density in [0, 1], sqrt or selective";
   ck.examples = {"0", "0.5", "1", "sqrt", "selective"};
   ck.get = [](const TrainConfig& c) { return c.checkpoint.str(); };
@@ -307,6 +319,10 @@ void set_knob(TrainConfig& cfg, const Knob& k, std::string_view text) {
 void resolve_config(TrainConfig& cfg) {
   for (const Knob& k : knobs())
     if (auto err = k.resolve(cfg)) throw KnobError(fmt::format("{}: {}", k.name, *err));
+  // An axis that does not apply (the autocast policy of fp32, the attention kind of an MLP)
+  // takes its default: one configuration, one config, one id.
+  for (const Knob& k : knobs())
+    if (!k.applies(cfg)) set_knob(cfg, k, k.default_text());
 }
 
 std::string point_id(const TrainConfig& c) {

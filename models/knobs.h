@@ -96,13 +96,14 @@ class KnobError : public std::invalid_argument {
 
 // Sets one axis from text; throws KnobError naming the axis.
 void set_knob(TrainConfig& cfg, const Knob& k, std::string_view text);
-// After the axes are set (flags, a grid point, a JSON config): every row's resolve(); throws
-// KnobError naming the axis.
+// After the axes are set (flags, a grid point, a JSON config): every row's resolve() (throws
+// KnobError naming the axis), then every axis that does not apply is set to its default.
 void resolve_config(TrainConfig& cfg);
 
 // "gpt-tiny/b8/a1/fp32/ck0/adam/off-none/zg-set_to_none/train/ec-never/in-pinned", with the
-// non_default axes that apply and differ from their default ("/seq128") where the table has
-// them; each axis as its prefix and id_text.
+// when_applies axes where they apply ("gpt-tiny/b8/a1/bf16/ac-torch-cuda/ck0/..."), and the
+// non_default axes that apply and differ from their default ("/seq128"), in table order; each
+// axis as its prefix and id_text.
 std::string point_id(const TrainConfig& c);
 
 // The one config serialiser: every axis by its JSON type (defaults filled in), plus "seed".

@@ -3,6 +3,7 @@
 namespace memtrade {
 
 void norm_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const LayerNorm& ln) {
+  c.expect_input(Op::layernorm, inp);
   const std::int64_t N = inp.dim(0);
   Tensor mean = c.dev.empty({N}, DType::F32, c.cat());  // (N)
   Tensor rstd = c.dev.empty({N}, DType::F32, c.cat());  // (N)
@@ -22,14 +23,14 @@ void norm_backward(LayerCtx& c, Tensor& dinp, const Tensor& dout, const Tensor& 
     c.ops().layernorm_backward(dinp, &gw.t, &gb.t, dout, inp, w, mean, rstd, gw.accumulate);
   } else {
     c.ops().layernorm_backward(dinp, &gw.t, nullptr, dout, inp, w, mean, rstd, gw.accumulate);
-    Tensor scratch = c.temp(inp.shape());
+    Tensor scratch = c.temp_like(inp);
     c.ops().layernorm_backward(scratch, nullptr, &gb.t, dout, inp, w, mean, rstd, gb.accumulate);
   }
 }
 
 void norm_backward_add(LayerCtx& c, Tensor& dres, const Tensor& dout, const Tensor& inp,
                        const LayerNorm& ln) {
-  Tensor dinp = c.temp(inp.shape());  // (N, C)
+  Tensor dinp = c.temp_like(inp);  // (N, C)
   norm_backward(c, dinp, dout, inp, ln);
   c.ops().add_inplace(dres, dinp);
 }

@@ -3,6 +3,7 @@
 namespace memtrade {
 
 void norm_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const RmsNorm& n) {
+  c.expect_input(Op::rmsnorm, inp);
   Tensor rstd = c.dev.empty({inp.dim(0)}, DType::F32, c.cat());  // (N)
   c.ops().rmsnorm_forward(out, rstd, inp, c.weight(n.weight), n.eps);
   c.keep(n.key + ".rstd", std::move(rstd));

@@ -45,9 +45,9 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;  // rms_norm_eps
   bool tie_word_embeddings = false;
-  Llama3RopeScaling rope_scaling;
-  int seq_len = 0;  // T; 0 = block_size
-  ConfigFile file;  // set when read from a config file
+  Llama3RopeScaling rope_scaling{};  // none
+  int seq_len = 0;                   // T; 0 = block_size
+  ConfigFile file{};                 // set when read from a config file
 
   RopeConfig rope() const;
 };

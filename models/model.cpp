@@ -23,67 +23,32 @@ struct SizeRow {
   FamilyConfig config;
 };
 
-GptConfig gpt(std::string name, int n_layer, int n_head, int n_embd, int vocab, int block_size) {
-  GptConfig c;
-  c.name = std::move(name);
-  c.n_layer = n_layer;
-  c.n_head = n_head;
-  c.n_embd = n_embd;
-  c.vocab_size = vocab;
-  c.block_size = block_size;
-  return c;
-}
-
-struct LlamaSize {
-  int n_layer, n_head, n_kv_head, n_embd, intermediate_size, vocab_size, block_size;
-  double rope_theta;
-  bool tie_word_embeddings;
-  Llama3RopeScaling rope_scaling{};
-};
-
-LlamaConfig llama(std::string name, const LlamaSize& s) {
-  LlamaConfig c;
-  c.name = std::move(name);
-  c.n_layer = s.n_layer;
-  c.n_head = s.n_head;
-  c.n_kv_head = s.n_kv_head;
-  c.n_embd = s.n_embd;
-  c.intermediate_size = s.intermediate_size;
-  c.vocab_size = s.vocab_size;
-  c.block_size = s.block_size;
-  c.rope_theta = s.rope_theta;
-  c.norm_eps = 1e-5;
-  c.tie_word_embeddings = s.tie_word_embeddings;
-  c.rope_scaling = s.rope_scaling;
-  return c;
-}
-
 // Llama 3.1/3.2's rope_scaling (their config.json files).
-constexpr Llama3RopeScaling kLlama3Scaling{32.0, 1.0, 4.0, 8192};
+constexpr Llama3RopeScaling kLlama3{32.0, 1.0, 4.0, 8192};
 
 const std::vector<SizeRow>& size_table() {
   static const std::vector<SizeRow> table = {
       // GPT: n_layer, n_head, n_embd, vocab, block_size (= training sequence length).
-      {false, gpt("gpt-test", 2, 2, 8, 11, 5)},
-      {true, gpt("gpt-tiny", 2, 2, 64, 256, 32)},
-      {true, gpt("gpt-mini", 4, 4, 128, 512, 64)},
-      {true, gpt("gpt-small", 6, 6, 384, 8192, 256)},
-      {true, gpt("gpt2-124m", 12, 12, 768, 50257, 1024)},
-      {true, gpt("gpt2-350m", 24, 16, 1024, 50257, 1024)},
-      {true, gpt("gpt2-774m", 36, 20, 1280, 50257, 1024)},
-      {true, gpt("gpt2-1558m", 48, 25, 1600, 50257, 1024)},
+      {false, GptConfig{"gpt-test", 2, 2, 8, 11, 5}},
+      {true, GptConfig{"gpt-tiny", 2, 2, 64, 256, 32}},
+      {true, GptConfig{"gpt-mini", 4, 4, 128, 512, 64}},
+      {true, GptConfig{"gpt-small", 6, 6, 384, 8192, 256}},
+      {true, GptConfig{"gpt2-124m", 12, 12, 768, 50257, 1024}},
+      {true, GptConfig{"gpt2-350m", 24, 16, 1024, 50257, 1024}},
+      {true, GptConfig{"gpt2-774m", 36, 20, 1280, 50257, 1024}},
+      {true, GptConfig{"gpt2-1558m", 48, 25, 1600, 50257, 1024}},
       // Llama: n_layer, n_head, n_kv_head, n_embd, intermediate_size, vocab, positions,
-      // rope_theta, tied head, rope_scaling. The CI sizes have grouped-query heads; llama-tiny
-      // is untied, llama-mini tied with Llama 3.2's rope scaling. The real ones are the
-      // published configurations (tests/models/fixtures/hf/).
-      {false, llama("llama-test", {2, 4, 2, 16, 24, 11, 5, 10000.0, false})},
-      {true, llama("llama-tiny", {2, 4, 2, 64, 176, 256, 32, 10000.0, false})},
-      {true, llama("llama-mini", {4, 8, 2, 128, 352, 512, 64, 500000.0, true, kLlama3Scaling})},
-      {true, llama("llama3.2-1b",
-                   {16, 32, 8, 2048, 8192, 128256, 131072, 500000.0, true, kLlama3Scaling})},
-      {true, llama("llama3.2-3b",
-                   {28, 24, 8, 3072, 8192, 128256, 131072, 500000.0, true, kLlama3Scaling})},
-      {true, llama("llama3-8b", {32, 32, 8, 4096, 14336, 128256, 8192, 500000.0, false})},
+      // rope_theta, rms_norm_eps, tied head, rope_scaling. The CI sizes have grouped-query heads;
+      // llama-tiny is untied, llama-mini tied with Llama 3.2's rope scaling. The real ones are
+      // the published configurations (tests/models/fixtures/hf/).
+      {false, LlamaConfig{"llama-test", 2, 4, 2, 16, 24, 11, 5, 1e4, 1e-5, false}},
+      {true, LlamaConfig{"llama-tiny", 2, 4, 2, 64, 176, 256, 32, 1e4, 1e-5, false}},
+      {true, LlamaConfig{"llama-mini", 4, 8, 2, 128, 352, 512, 64, 5e5, 1e-5, true, kLlama3}},
+      {true,
+       LlamaConfig{"llama3.2-1b", 16, 32, 8, 2048, 8192, 128256, 131072, 5e5, 1e-5, true, kLlama3}},
+      {true,
+       LlamaConfig{"llama3.2-3b", 28, 24, 8, 3072, 8192, 128256, 131072, 5e5, 1e-5, true, kLlama3}},
+      {true, LlamaConfig{"llama3-8b", 32, 32, 8, 4096, 14336, 128256, 8192, 5e5, 1e-5, false}},
       // MLP: in_features, hidden widths, classes.
       {false, MlpConfig{"mlp-test", 6, {5, 4}, 3}},
       {true, MlpConfig{"mlp-tiny", 32, {64, 64}, 10}},
@@ -235,6 +200,20 @@ std::vector<std::string> model_names() {
   return out;
 }
 
+std::shared_ptr<Tensor> ParamStore::weight_cast(int index, DType dtype, Ops& ops) {
+  Tensor& w = weight(index);
+  if (w.dtype() == dtype) return std::shared_ptr<Tensor>(std::shared_ptr<Tensor>{}, &w);
+  std::shared_ptr<Tensor>& cast = casts_[index];
+  if (!cast) {
+    cast = std::make_shared<Tensor>(*w.allocator(), w.shape(), dtype, Category::casts);
+    ops.cast(*cast, w);
+  } else if (cast->dtype() != dtype) {
+    throw std::logic_error(fmt::format("weight {} cast to {} and to {} in one autocast region",
+                                       index, dtype_name(cast->dtype()), dtype_name(dtype)));
+  }
+  return cast;
+}
+
 RunOptions RunOptions::from(const TrainConfig& cfg) {
   RunOptions o;
   o.act_dtype = compute_dtype(cfg.precision);
@@ -242,6 +221,7 @@ RunOptions RunOptions::from(const TrainConfig& cfg) {
   o.checkpoint = cfg.checkpoint;
   o.offload_activations = cfg.offload == Offload::activations;
   o.attention = cfg.attention;
+  if (auto dt = autocast_dtype(cfg.precision)) o.amp = AutocastSpec{*dt, cfg.autocast_policy};
   return o;
 }
 

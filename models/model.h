@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,16 +51,41 @@ class ParamStore {
   // (offload = params) can be brought in before use and dropped after.
   virtual void enter_block(int /*block*/) {}
   virtual void exit_block(int /*block*/) {}
+
+  // ---- autocast's weight-cast cache (torch's cached_cast) --------------------------------------
+  // weight(index) cast to `dtype` with `ops`: made on the first request of an autocast region
+  // (one forward, or one recompute of a checkpointed segment), from the weight's own allocator
+  // with Category::casts, and handed out again for every later request until clear_casts(),
+  // which the model calls when the region ends. Owners beyond the cache (a saved tensor of the
+  // op that read it, SavedTensors::share) keep a cast alive after that, as autograd's graph keeps
+  // PyTorch's cached casts until the backward that uses them. `dtype` equal to the weight's: the
+  // weight itself, not owned.
+  std::shared_ptr<Tensor> weight_cast(int index, DType dtype, Ops& ops);
+  void clear_casts() { casts_.clear(); }
+  std::size_t cached_casts() const { return casts_.size(); }
+
+ private:
+  std::map<int, std::shared_ptr<Tensor>> casts_;  // by index: cleared in index order
+};
+
+// torch.autocast for a forward/backward pass: the 16-bit dtype and whose op lists decide the
+// dtype of each op (models/autocast_policy.h).
+struct AutocastSpec {
+  DType dtype = DType::BF16;
+  autocast::Policy policy = autocast::Policy::torch_cuda;
 };
 
 // How a forward/backward pass runs.
 struct RunOptions {
-  DType act_dtype = DType::F32;      // activations (and weights) dtype
+  // The activations' dtype (the weights' too). Under autocast: the dtype of the model input and
+  // of every op autocast leaves alone (fp32), the ops' own dtypes coming from `amp`.
+  DType act_dtype = DType::F32;
   bool training = true;              // eval: nothing saved, no backward
   Checkpoint checkpoint{};           // which blocks are recomputed in backward
   bool offload_activations = false;  // saved activations go to pinned host memory
   // The attention layers' ops (kernels/ops.h): math saves the probabilities, flash does not.
   AttentionKind attention = AttentionKind::math;
+  std::optional<AutocastSpec> amp;  // set: autocast (fp16/bf16 precision)
 
   // How a training (or eval) step of `cfg` runs its passes: the one translation of the knobs.
   static RunOptions from(const TrainConfig& cfg);

@@ -19,6 +19,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+# Told every checkpoint's inputs (what a non-reentrant checkpoint keeps through its closure, and
+# no saved-tensor hook sees): set by plan_forward for the duration of a forward.
+_on_checkpoint = None
+
+
+def checkpoint(label, fn, *args):
+    """torch.utils.checkpoint (non-reentrant) of fn(*args), reported to the observer."""
+    if _on_checkpoint is not None:
+        _on_checkpoint(label, *args)
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd, n_head, block_size):
@@ -29,6 +40,16 @@ class CausalSelfAttention(nn.Module):
         mask = torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size)
         self.register_buffer("bias", mask, persistent=False)
 
+    selective = False  # Megatron's selective recompute: the attention core is checkpointed
+
+    def core(self, q, k, v):
+        """The attention core, (B, NH, T, hd) each -> (B, NH, T, hd): what selective drops."""
+        T = q.size(2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, NH, T, T)
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        return att @ v
+
     def forward(self, x):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -36,10 +57,11 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hd).transpose(1, 2)  # (B, NH, T, hd)
         k = k.view(B, T, self.n_head, hd).transpose(1, 2)
         v = v.view(B, T, self.n_head, hd).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, NH, T, T)
-        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        if self.selective:
+            y = checkpoint("attention core input", self.core, q, k, v)
+        else:
+            y = self.core(q, k, v)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 
 
@@ -267,8 +289,18 @@ class BasicBlock(nn.Module):
             self.downsample = nn.Sequential(nn.Conv2d(ci, co, 1, stride=stride, bias=False),
                                             nn.BatchNorm2d(co))
 
+    selective = False  # memtrade's CNN selective: bn1 -> relu -> conv2 is recomputed
+
+    def inner(self, c1):
+        return self.conv2(F.relu(self.bn1(c1)))
+
     def forward(self, x):
-        y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        c1 = self.conv1(x)
+        if self.selective:
+            c2 = checkpoint("bn1-relu-conv2 input", self.inner, c1)
+        else:
+            c2 = self.inner(c1)
+        y = self.bn2(c2)
         return F.relu(y + (self.downsample(x) if self.downsample is not None else x))
 
 
@@ -301,16 +333,31 @@ def parts(model):
     return model.stem_fn, model.block_fns(), model.head_fn
 
 
-def plan_forward(model, segments, x, targets, on_checkpoint=None):
+def plan_forward(model, segments, x, targets, on_checkpoint=None, selective=False):
     """The twin's forward (the mean loss) with memtrade's checkpoint plan.
 
     `segments`: [(begin, end, recompute)] covering the blocks in order (memtrade's
     CheckpointPlan::segments). A recomputed segment runs under torch.utils.checkpoint with
     use_reentrant=False, which keeps only the segment's input and recomputes the rest in
-    backward. `on_checkpoint(begin, end, x)` is told each recomputed segment's input.
+    backward. `selective` (memtrade's plan) checkpoints the attention core of every GPT block
+    (Megatron's selective recompute) and bn1 -> relu -> conv2 of every CNN block.
+    `on_checkpoint(label, *inputs)` is told every checkpoint's inputs.
     """
+    global _on_checkpoint
     stem, blocks, head = parts(model)
+    switches = [m for m in model.modules() if hasattr(type(m), "selective")]
+    for m in switches:
+        m.selective = selective
+    _on_checkpoint = on_checkpoint
+    try:
+        return _plan_forward(stem, blocks, head, segments, x, targets)
+    finally:
+        _on_checkpoint = None
+        for m in switches:
+            m.selective = False
 
+
+def _plan_forward(stem, blocks, head, segments, x, targets):
     def run(begin, end):
         def segment(h):
             for block in blocks[begin:end]:
@@ -321,9 +368,7 @@ def plan_forward(model, segments, x, targets, on_checkpoint=None):
     h = stem(x)
     for begin, end, recompute in segments:
         if recompute:
-            if on_checkpoint is not None:
-                on_checkpoint(begin, end, h)
-            h = torch.utils.checkpoint.checkpoint(run(begin, end), h, use_reentrant=False)
+            h = checkpoint(f"checkpoint blocks {begin}..{end - 1} input", run(begin, end), h)
         else:
             h = run(begin, end)(h)
     return head(h, targets)

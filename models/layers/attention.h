@@ -13,6 +13,15 @@
 //     Ops::attention_probs);
 //   - flash: "attn.lse" (B, NH, T) F32 (backward recomputes the scores from qkv, y and lse);
 //     there is no (T, T) tensor, so selective checkpointing drops nothing here.
+// Under autocast (models/layers/context.h) the math probabilities have softmax's output dtype;
+// where that is not the dtype the ·V matmul reads (torch-cuda: fp32 softmax, 16-bit matmul)
+// autograd keeps them twice, softmax's fp32 output and matmul's 16-bit cast ("attn.att_mm"), and
+// so does this layer. Ops::attention_backward reads one of them for both uses (the 16-bit copy:
+// the op rounds the probabilities to qkv's dtype, so the two hold the same values); the fp32 one
+// is held as PyTorch holds it for SoftmaxBackward. Flash under autocast runs in the 16-bit
+// compute dtype (scaled_dot_product_attention is on PyTorch's lower-precision list) and keeps
+// its lse in fp32. RoPE runs in qkv's dtype (Op::rope: HF rotates the linear's 16-bit output
+// with cos and sin cast to it), so the rotated qkv is saved as the linear's output would be.
 #pragma once
 
 #include <optional>
@@ -30,10 +39,11 @@ struct CausalSelfAttention {
   std::optional<RopeConfig> rope;  // Llama: rotary embeddings on q and k
 };
 
-// inp (B·T, C), moved in (it is saved as c_attn's input) -> returns (B·T, C), a temporary.
+// inp (B·T, C), moved in (it is saved as c_attn's input, cast to its input dtype first) ->
+// returns (B·T, C), a temporary.
 Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T,
                          const CausalSelfAttention& a);
-// dout (B·T, C) -> returns dL/dinp (B·T, C), a temporary.
+// dout (B·T, C) -> returns dL/dinp (B·T, C), a temporary in c_attn's input dtype.
 Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAttention& a);
 
 }  // namespace memtrade

@@ -12,8 +12,9 @@ struct Embedding {
   ParamIndex wpe = -1;  // (block_size, C); -1: none
 };
 
-// tokens (B, T) I32 -> returns (B·T, C) in the activation dtype (category activations: it is the
-// residual stream). A copy of the tokens is saved when training.
+// tokens (B, T) I32 -> returns (B·T, C) in the activation dtype, or under autocast in the
+// weights' (fp32) (category activations: it is the residual stream). A copy of the tokens is saved
+// when training.
 Tensor embedding_forward(LayerCtx& c, const Tensor& tokens, const Embedding& e);
 // Scatters dout (B·T, C) (reshaped in place and back) into the wte and wpe gradients; each honours
 // its own accumulate flag (wte's is true here when the tied head already wrote into it).

@@ -43,7 +43,7 @@ TEST_P(TrainerCuda, MatchesCpu) {
   auto cuda = make_cuda_device(DeviceOptions{});
   const RunResult a = run_steps(*cpu, cfg, 2);
   const RunResult b = run_steps(*cuda, cfg, 2);
-  const DType dt = compute_dtype(cfg.precision);
+  const DType dt = autocast_dtype(cfg.precision).value_or(compute_dtype(cfg.precision));
   const double tol = dt == DType::F32 ? 1e-4 : 8 * dtype_eps(dt);
   ASSERT_EQ(a.losses.size(), b.losses.size());
   for (std::size_t s = 0; s < a.losses.size(); ++s) {
@@ -81,6 +81,15 @@ INSTANTIATE_TEST_SUITE_P(
                    c.zero_grad = ZeroGrad::zero;
                  }},
         CudaCase{"gpt-tiny", "fp16", [](TrainConfig& c) { c.precision = Precision::fp16; }},
+        CudaCase{"gpt-tiny", "bf16", [](TrainConfig& c) { c.precision = Precision::bf16; }},
+        CudaCase{"gpt-tiny", "bf16_torch_cpu",
+                 [](TrainConfig& c) {
+                   c.precision = Precision::bf16;
+                   c.autocast_policy = autocast::Policy::torch_cpu;
+                 }},
+        CudaCase{"gpt-tiny", "bf16_o2", [](TrainConfig& c) { c.precision = Precision::bf16_o2; }},
+        CudaCase{"gpt-tiny", "fp16_o2", [](TrainConfig& c) { c.precision = Precision::fp16_o2; }},
+        CudaCase{"cnn-tiny", "bf16", [](TrainConfig& c) { c.precision = Precision::bf16; }},
         CudaCase{"gpt-tiny", "bf16_offload_optimizer",
                  [](TrainConfig& c) {
                    c.precision = Precision::bf16;
@@ -128,8 +137,8 @@ TEST(TrainerCudaMemory, SameBreakdownAsCpu) {
       trainer.step();
       at_peak[backend] = dev->memory().stats().by_category_at_peak;
     }
-    for (Category c : {Category::params, Category::master, Category::grads, Category::optimizer,
-                       Category::activations, Category::io})
+    for (Category c : {Category::params, Category::master, Category::casts, Category::grads,
+                       Category::optimizer, Category::activations, Category::io})
       EXPECT_EQ(at_peak[1][static_cast<std::size_t>(c)], at_peak[0][static_cast<std::size_t>(c)])
           << name << " " << category_name(c);
   }

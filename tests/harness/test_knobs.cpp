@@ -29,10 +29,20 @@ TrainConfig base() {
   return c;
 }
 
-// The base of one axis's walk: the model config file defines the model itself, so its walk
-// leaves the model axis at its default.
+// A base where `k` applies: base(), or base() with one other axis changed (the autocast policy
+// applies to an autocast precision only). A model config file defines the model itself, so its
+// walk leaves the model axis at its default.
 TrainConfig base_for(const Knob& k) {
-  return k.name == "model_config" ? TrainConfig{} : base();
+  if (k.name == "model_config") return TrainConfig{};
+  if (k.applies(base())) return base();
+  for (const Knob& o : knobs())
+    for (const std::string& v : o.test_values()) {
+      TrainConfig c = base();
+      set_knob(c, o, v);
+      if (k.applies(c)) return c;
+    }
+  ADD_FAILURE() << k.name << " applies to no config the walk can make";
+  return base();
 }
 
 // The base with one axis set (through the row) and resolved.
@@ -85,8 +95,10 @@ void walk(const Knob& k, const std::string& v) {
   CLI::App app;
   KnobFlags flags;
   add_knob_flags(app, flags);
+  const TrainConfig b = base_for(k);
   std::vector<std::string> argv{v, k.flag};  // CLI11 parses argv reversed
-  if (k.name != "model") argv.insert(argv.end(), {base_for(k).model, "--model"});
+  for (const Knob& o : knobs())
+    if (o.name != k.name) argv.insert(argv.end(), {o.get(b), o.flag});
   app.parse(argv);
   const TrainConfig from_flag = to_train_config(flags);
   EXPECT_EQ(point_id(from_flag), point_id(expected));
@@ -100,8 +112,8 @@ void walk(const Knob& k, const std::string& v) {
   if (shown) {
     EXPECT_NE(id.find(k.id_prefix + k.id_text(expected)), std::string::npos) << id;
   }
-  if (v != k.get(base_for(k)) && k.applies(expected)) {
-    EXPECT_NE(id, point_id(base_for(k)));
+  if (v != k.get(b) && k.applies(expected)) {
+    EXPECT_NE(id, point_id(b));
   }
 
   // The one serialiser round-trips, with the row's JSON type.
@@ -112,11 +124,11 @@ void walk(const Knob& k, const std::string& v) {
   EXPECT_EQ(k.get(config_from_json(j)), v);
 
   // A grid file: the axis key with the value, in its TOML type.
-  const std::string model_line =
-      k.name == "model" ? "" : fmt::format("model = [\"{}\"]\n", base_for(k).model);
-  const Grid g =
-      parse_grid(fmt::format("[axes]\n{}{} = [{}]\n", model_line, k.name, toml_value(k, v)),
-                 "walk.toml", "cpu");
+  std::string others;
+  for (const Knob& o : knobs())
+    if (o.name != k.name) others += fmt::format("{} = [{}]\n", o.name, toml_value(o, o.get(b)));
+  const Grid g = parse_grid(fmt::format("[axes]\n{}{} = [{}]\n", others, k.name, toml_value(k, v)),
+                            "walk.toml", "cpu");
   ASSERT_EQ(g.points.size(), 1u);
   EXPECT_EQ(g.points[0].id, id);
 }

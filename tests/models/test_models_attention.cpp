@@ -135,7 +135,7 @@ LayerRun run_layer(Device& dev, int nh, int nkv, AttentionKind kind) {
   LayerStore store(dev, {{W, C}, {W}, {C, nh * hd}, {C}});
   const CausalSelfAttention a{{0, 1}, {2, 3}, nh, nkv, {}, std::nullopt};
   SavedTensors saved(dev);
-  LayerCtx c{dev, store, saved, DType::F32};
+  LayerCtx c{dev, store, saved, DType::F32, std::nullopt};
   c.segment = 0;
   c.save = true;
   c.attention = kind;

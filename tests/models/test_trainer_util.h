@@ -146,10 +146,14 @@ inline const std::vector<KnobVariant>& knob_variants() {
 }
 
 // Runs every knob variant of `model` through `run` (a config -> RunResult, on some device) and
-// expects each to equal the plain run bit for bit.
+// expects each to equal the plain run bit for bit, at `precision` (and autocast `policy`).
 template <typename Run>
-void expect_knobs_bit_identical(const std::string& model, Run&& run, int steps = 3) {
+void expect_knobs_bit_identical(const std::string& model, Run&& run, int steps = 3,
+                                Precision precision = Precision::fp32,
+                                autocast::Policy policy = autocast::Policy::torch_cuda) {
   TrainConfig base = base_config(model, 4);
+  base.precision = precision;
+  base.autocast_policy = policy;
   const RunResult plain = run(base, steps);
   TrainConfig base_acc = base;
   base_acc.accumulation = 2;
