@@ -56,7 +56,7 @@ run: build
 # knob table of docs/design.md, and docs/pytorch.md (memtrade's memory against PyTorch's).
 PYTORCH_POINTS := $(shell for m in gpt-mini:8 gpt-small:8 mlp-small:8 cnn-small:8; do \
   for c in 0 1 0.5 sqrt selective; do printf '%s:%s,%s:%s:bf16:torch-cpu,' $$m $$c $$m $$c; done; \
-  done | sed 's/,$$//')
+  done; printf 'llama-mini:8:0,llama-mini:8:1,llama-mini:8:0:bf16:torch-cpu')
 docs: build
 	@$(PYTHON) ci/knob_table_doc.py $(BUILD)/memtrade docs/design.md
 	@./$(BUILD)/memtrade run --grid ci/grids/docs.toml --backend cpu --out docs/results-cpu.json

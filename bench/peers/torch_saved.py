@@ -59,8 +59,9 @@ def checkpoint_rng_state_bytes():
     return torch.get_rng_state().numel()
 
 
-def family_of(model_name):
-    return model_name.split("-")[0]
+def family_of(hyper):
+    """The twin family: memtrade writes it into the hyper-parameters."""
+    return hyper["family"]
 
 
 def make_batch(family, hyper, batch, dump_dir=None):
@@ -73,8 +74,8 @@ def make_batch(family, hyper, batch, dump_dir=None):
         t = torch.from_numpy(np.load(d / "targets.npy"))[-batch:].long()
         return (x.long() if x.dtype == torch.int32 else x.float()), t
     g = torch.Generator().manual_seed(0)
-    if family == "gpt":
-        T, V = int(hyper["block_size"]), int(hyper["vocab_size"])
+    if family in ("gpt", "llama"):
+        T, V = int(hyper["seq_len"]), int(hyper["vocab_size"])
         return (torch.randint(0, V, (batch, T), generator=g),
                 torch.randint(0, V, (batch, T), generator=g))
     if family == "mlp":
@@ -85,9 +86,9 @@ def make_batch(family, hyper, batch, dump_dir=None):
             torch.randint(0, int(hyper["classes"]), (batch,), generator=g))
 
 
-def build_twin(model_name, hyper):
+def build_twin(hyper):
     torch.manual_seed(0)
-    model = torch_models.build(family_of(model_name), hyper)
+    model = torch_models.build(family_of(hyper), hyper)
     model.train()
     return model
 
