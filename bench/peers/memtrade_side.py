@@ -20,14 +20,8 @@ class BadInput(Exception):
 
 
 def run(binary, args, what):
-    """Runs `binary args...`; a failure is BadInput carrying memtrade's own last line."""
-    try:
-        r = subprocess.run([str(binary), *args], capture_output=True, text=True)
-    except OSError as e:
-        raise BadInput(f"cannot run {binary}: {e}") from None
-    if r.returncode != 0:
-        out = r.stderr.strip() or r.stdout.strip() or f"exit code {r.returncode}"
-        raise BadInput(f"memtrade {what} failed: {out.splitlines()[-1]}")
+    """Runs `binary args...` (run_output, its stdout dropped)."""
+    run_output(binary, args, what)
 
 
 def knob_flags(model, batch_size, checkpoint, precision, accumulation=1,
