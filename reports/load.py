@@ -136,6 +136,17 @@ def load_estimates(path: str | pathlib.Path) -> dict:
     return doc
 
 
+FIT_SCHEMA = "memtrade.fit/1"
+
+
+def load_fit(path: str | pathlib.Path) -> dict:
+    """`memtrade fit --json FILE` output (memtrade.fit/1): the largest batch per knob setting."""
+    doc = _read_json(path)
+    _check(path, doc, "fit", FIT_SCHEMA)
+    doc["_path"] = str(path)
+    return doc
+
+
 def load_history(path: str | pathlib.Path) -> dict:
     """Runs (ordered by time, then id) and their points from a `memtrade history` SQLite DB."""
     p = pathlib.Path(path)

@@ -1,0 +1,160 @@
+"""The memory atlas (ci/atlas.py -> docs/atlas.md): its reference columns are the published closed
+forms, its memtrade columns are the estimates' own numbers, every off cell is explained, and bad
+input is one line and exit 2."""
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from reports import atlas as R  # noqa: E402
+
+MiB = 1 << 20
+
+
+def test_closed_forms():
+    # Korthikanti et al. §4.1, gpt2-124m at s = 1024, b = 1: sbh(34 + 5as/h) = 1024·768·114.
+    assert R.korthikanti(1024, 1, 768, 12, True) == 1024 * 768 * 114
+    # Without dropout: the masks (as²b + 2sbh) and the dropout output (2as²b) go.
+    s, b, h, a = 2048, 2, 1024, 16
+    assert R.korthikanti(s, b, h, a, True) - R.korthikanti(s, b, h, a, False) == \
+        2 * s * b * h + 3 * a * s * s * b
+    assert R.zero_model_states(124_439_808) == 16 * 124_439_808
+    # Llama-3.2-1B's layer: K/V at 8 of 32 heads (−3 sbh), SwiGLU at I = 4h (+8 sbh).
+    terms = dict((w.split(",")[0], d) for w, d in R.adapted_terms(
+        {"n_embd": 2048, "n_head": 32, "n_kv_head": 8, "intermediate_size": 8192}))
+    assert terms == {"grouped-query attention": -3.0, "SwiGLU": 8.0}
+    assert R.adapted_terms({"n_embd": 768, "n_head": 12}) == []
+
+
+def run_atlas(memtrade_bin, out, work, *args):
+    return subprocess.run([sys.executable, str(ROOT / "ci" / "atlas.py"), memtrade_bin, str(out),
+                           "--work", str(work), *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def page(memtrade_bin, tmp_path_factory):
+    d = tmp_path_factory.mktemp("atlas")
+    r = run_atlas(memtrade_bin, d / "docs", d / "work", "--models", "gpt2-124m,llama3.2-1b",
+                  "--seq-lens", "1024,2048", "--cards", "24GiB,80GiB")
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def table(text, caption_start):
+    """The rows (lists of cells) of the markdown table after the caption starting so."""
+    lines = text.splitlines()
+    i = next(k for k, l in enumerate(lines) if l.startswith(caption_start))
+    rows = []
+    for l in lines[i + 2:]:
+        if not l.startswith("|"):
+            break
+        rows.append([c.strip() for c in l.strip("|").split("|")])
+    return rows[0], rows[2:]
+
+
+def test_page_is_labelled_and_drawn(page):
+    text = (page / "docs" / "atlas.md").read_text()
+    assert text.startswith("# Memory atlas (predicted)")
+    captions = [l for l in text.splitlines() if l.startswith("**Table")]
+    assert len(captions) >= 4 and all("predicted by the CUDA memory model, not measured" in c
+                                      for c in captions)
+    for name in ("atlas-peak", "atlas-breakdown"):
+        png = page / "docs" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+        assert f"]({name}.png)" in text
+    assert "positions extended" in text  # gpt2-124m at 2048 runs with block_size = 2048
+
+
+def test_reference_columns_are_the_formulas_and_memtrade_columns_the_estimates(page):
+    text = (page / "docs" / "atlas.md").read_text()
+    head, rows = table(text, "**Table 1.**")
+    psi = {(r[0], r[1]): int(r[2].replace(",", "")) for r in rows}
+    assert psi["gpt2-124m", "as published"] == 124_439_808
+    assert psi["llama3.2-1b", "as published"] == 1_235_814_400
+    for r in rows:
+        assert int(r[3].replace(",", "")) == 16 * int(r[2].replace(",", ""))
+
+    est = json.loads((page / "work" / "layers.json").read_text())
+    hyper = {p["config"]["model"]: p["config"]["hyper"] for p in est["points"]}
+    head, rows = table(text, "**Table 2.**")
+    assert rows and head[3].startswith("Korthikanti")
+    for r in rows:
+        s = int(r[1].split()[0])
+        h, a = (int(x) for x in r[2].split(","))
+        assert float(r[3].replace(",", "")) == pytest.approx(R.korthikanti(s, 1, h, a, True) / MiB,
+                                                             abs=0.05)
+        assert float(r[4].replace(",", "")) == pytest.approx(R.korthikanti(s, 1, h, a, False) / MiB,
+                                                             abs=0.05)
+        # memtrade's column: one layer's activations, L layers minus L − 1, from the estimates.
+        base = r[0] if s <= int(hyper[r[0]]["block_size"]) else f"{r[0]}:block_size={s}"
+        n = int(hyper[r[0]]["n_layer"])
+
+        def act(model, precision="bf16", attention="math"):
+            (p,) = [p for p in est["points"] if p["config"]["model"] == model
+                    and p["config"]["precision"] == precision
+                    and p["config"]["attention"] == attention
+                    and (int(p["config"]["seq_len"]) or int(p["config"]["hyper"]["block_size"])) == s]
+            return p["breakdown_at_peak"]["activations"]
+
+        over = {"block_size": s} if ":" in base else {}
+        less = r[0] + ":" + ",".join(f"{k}={v}" for k, v in sorted({**over, "n_layer": n - 1}.items()))
+        assert float(r[5].replace(",", "")) == pytest.approx((act(base) - act(less)) / MiB, abs=0.05)
+
+
+def test_every_cell_further_than_ten_percent_is_explained(page):
+    text = (page / "docs" / "atlas.md").read_text()
+    head, rows = table(text, "**Table 2.**")
+    reasons = [l for l in text.splitlines() if l.startswith("- ")]
+    ratio_cols = [i for i, h in enumerate(head) if h.startswith("×")]
+    n_off = 0
+    for r in rows:
+        for i in ratio_cols:
+            x = float(r[i].lstrip("×"))
+            if abs(x - 1) > R.TOLERANCE:
+                n_off += 1
+                s = r[1].split()[0]
+                assert any(l.startswith(f"- {r[0]}, s = {s}, ") and f"×{x:.2f}" in l
+                           for l in reasons), (r[0], s, head[i], x)
+    assert n_off > 0
+    # The per-model 16Ψ tables: every ratio off by more than 10% has its sentence.
+    for model in ("gpt2-124m", "llama3.2-1b"):
+        sec = text.split(f"### {model}", 1)[1].split("\n### ", 1)[0]
+        head, rows = table(sec, "**Table")
+        for r in rows:
+            x = float(r[-1].lstrip("×"))
+            if abs(x - 1) > R.TOLERANCE:
+                assert re.search(rf"^- s = {r[0].split()[0]}, {re.escape(r[1])}: ×{x:.2f} — ", sec,
+                                 re.M), (model, r[:2], x)
+
+
+def test_fit_columns_are_memtrade_fit(page, memtrade_bin, tmp_path):
+    text = (page / "docs" / "atlas.md").read_text()
+    sec = text.split("### gpt2-124m", 1)[1].split("\n### ", 1)[0]
+    caps = [l for l in sec.splitlines() if l.startswith("**Table") and "largest batch" in l]
+    assert caps
+    head, rows = table(sec, caps[0])
+    (row,) = [r for r in rows if r[0] == "1024" and r[1] == "checkpoint 0 · flash"]
+    out = tmp_path / "fit.json"
+    subprocess.run([memtrade_bin, "fit", "--backend", "cuda", "--model", "gpt2-124m", "--precision",
+                    "bf16", "--optimizer", "adamw", "--attention", "flash", "--capacity", "24GiB",
+                    "--json", str(out)], check=True, capture_output=True)
+    (fit,) = json.loads(out.read_text())["rows"]
+    assert int(row[head.index("24GiB card")]) == fit["max_batch"] > 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--models", "gpt2-nonesuch"], "gpt2-nonesuch"),
+    (["--cards", "24GB"], "GiB"),
+    (["--seq-lens", "1k"], "--seq-lens"),
+])
+def test_bad_input_is_one_line_and_exit_2(memtrade_bin, tmp_path, args, words):
+    r = run_atlas(memtrade_bin, tmp_path / "docs", tmp_path / "work", *args)
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and words in r.stderr
+    assert not (tmp_path / "docs" / "atlas.md").exists()
