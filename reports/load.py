@@ -14,6 +14,7 @@ from typing import Any
 
 RESULTS_SCHEMA = "memtrade.results/1"
 TRACE_SCHEMA = "memtrade.trace/1"
+ADVISE_SCHEMA = "memtrade.advise/1"
 
 
 class InputError(Exception):
@@ -114,6 +115,13 @@ def merge_results(docs: list[dict]) -> dict:
 def load_trace(path: str | pathlib.Path) -> dict:
     doc = _read_json(path)
     _check(path, doc, "trace", TRACE_SCHEMA)
+    doc["_path"] = str(path)
+    return doc
+
+
+def load_advise(path: str | pathlib.Path) -> dict:
+    doc = _read_json(path)
+    _check(path, doc, "advise", ADVISE_SCHEMA)
     doc["_path"] = str(path)
     return doc
 
