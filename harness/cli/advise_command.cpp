@@ -61,6 +61,19 @@ std::string default_cache() {
   return "memtrade-calibration.json";
 }
 
+// The axes where `c` differs from `start`, as in point ids ("b2 a4 ckfirst0.5 off-optimizer").
+std::string turned_text(const TrainConfig& start, const TrainConfig& c) {
+  std::string out;
+  for (const Knob& k : knobs())
+    if (k.get(c) != k.get(start))
+      out += fmt::format("{}{}{}", out.empty() ? "" : " ", k.id_prefix, k.get(c));
+  return out.empty() ? "(as given)" : out;
+}
+
+std::string seconds_text(double s) {
+  return s >= 1 ? fmt::format("{:.3g} s", s) : fmt::format("{:.3g} ms", s * 1e3);
+}
+
 std::string pct(double x) {
   return fmt::format("{:+.1f}%", 100 * x);
 }
@@ -79,13 +92,13 @@ void print_text(const AdviseResult& r, const AdviseOptions& o) {
              r.calibration.measured, r.calibration.cached, r.calibration.seconds);
   for (const std::string& w : r.calibration.warnings) fmt::print("  warning: {}\n", w);
   fmt::print("\nPareto frontier (predicted):\n{:>3} {:>11} {:>11} {:>10}  {:<4} {}\n", "#", "peak",
-             "samples/s", "step", "fits", "knobs");
+             "samples/s", "step", "fits", "knobs turned");
   for (std::size_t i = 0; i < r.frontier.size(); ++i) {
     const AdvisePoint& p = r.frontier[i];
     const bool chosen = r.recommended && r.recommended->id == p.id;
-    fmt::print("{:>3} {:>11} {:>11.4g} {:>8.4g}ms  {:<4} {}{}\n", i + 1, format_bytes(p.peak),
-               p.samples_per_s, p.step_s * 1e3, p.fits ? "yes" : "no", p.id,
-               chosen ? "  <- recommended" : "");
+    fmt::print("{:>3} {:>11} {:>11.4g} {:>10}  {:<4} {}{}\n", i + 1, format_bytes(p.peak),
+               p.samples_per_s, seconds_text(p.step_s), p.fits ? "yes" : "no",
+               turned_text(r.start.config, p.config), chosen ? "  <- recommended" : "");
   }
   fmt::print("\nstart: {}, {:.4g} samples/s predicted; {}\n", format_bytes(r.start.peak),
              r.start.samples_per_s, r.start.fits ? "fits" : "does not fit");

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -88,7 +90,9 @@ bool better(const AdvisePoint& a, const AdvisePoint& b, const TrainConfig& start
   return a.id < b.id;
 }
 
-std::vector<AdvisePoint> pareto(std::vector<AdvisePoint> pts, const TrainConfig& start) {
+}  // namespace
+
+std::vector<AdvisePoint> pareto_frontier(std::vector<AdvisePoint> pts, const TrainConfig& start) {
   std::sort(pts.begin(), pts.end(), [&](const auto& a, const auto& b) {
     return a.peak != b.peak ? a.peak < b.peak : better(a, b, start);
   });
@@ -98,6 +102,39 @@ std::vector<AdvisePoint> pareto(std::vector<AdvisePoint> pts, const TrainConfig&
       front.push_back(p);
   return front;
 }
+
+std::vector<AdvisePoint> evaluate(const AdviseSpace& space, Backend backend, std::size_t limit,
+                                  const CostModel& cost, std::size_t* estimates, int threads) {
+  // Every estimate has its own meta device, model and Trainer: the configurations are evaluated
+  // on `threads` threads, each taking every n-th one; the result does not depend on n.
+  const std::size_t n = std::max<std::size_t>(
+      1, std::min<std::size_t>(space.configs.size(),
+                               threads > 0 ? static_cast<std::size_t>(threads)
+                                           : std::max(1u, std::thread::hardware_concurrency())));
+  std::vector<AdvisePoint> all(space.configs.size());
+  std::vector<std::size_t> counts(n, 0);
+  std::vector<std::exception_ptr> errors(n);
+  auto work = [&](std::size_t t) {
+    try {
+      Evaluator eval(backend, limit, cost);
+      for (std::size_t i = t; i < all.size(); i += n) all[i] = eval(space.configs[i], false);
+      counts[t] = eval.estimates;
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < n; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (std::thread& th : pool) th.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  if (estimates)
+    for (std::size_t c : counts) *estimates += c;
+  return all;
+}
+
+namespace {
 
 std::string join_values(const std::vector<std::string>& axes, const TrainConfig& c) {
   std::vector<std::string> parts;
@@ -211,11 +248,10 @@ AdviseResult advise(const AdviseOptions& o) {
                                     o.calibration.backend != backend_name(o.backend);
 
   t0 = std::chrono::steady_clock::now();
+  const std::vector<AdvisePoint> all =
+      evaluate(space, o.backend, r.limit, r.calibration.model, &r.estimates);
+  r.frontier = pareto_frontier(all, o.start);
   Evaluator eval(o.backend, r.limit, r.calibration.model);
-  std::vector<AdvisePoint> all;
-  all.reserve(space.configs.size());
-  for (const TrainConfig& c : space.configs) all.push_back(eval(c, false));
-  r.frontier = pareto(all, o.start);
   std::vector<AdvisePoint> fitting;
   for (const AdvisePoint& p : all)
     if (p.fits) fitting.push_back(p);
@@ -232,7 +268,7 @@ AdviseResult advise(const AdviseOptions& o) {
   if (!top.empty()) r.recommended = top.front();
   r.start = eval(o.start, true);
   r.search_seconds += seconds_since(t0);
-  r.estimates = eval.estimates;
+  r.estimates += eval.estimates;
 
   if (!r.recommended) {
     const auto smallest =

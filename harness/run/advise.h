@@ -91,6 +91,15 @@ struct AdviseResult {
 
 AdviseResult advise(const AdviseOptions& o);
 
+// The search itself: every configuration of `space` with its peak (the memory model, two
+// micro-batches) and predicted step time, on `threads` threads (0: one per core); `estimates`
+// (if given) counts memory-model runs.
+std::vector<AdvisePoint> evaluate(const AdviseSpace& space, Backend backend, std::size_t limit,
+                                  const CostModel& cost, std::size_t* estimates = nullptr,
+                                  int threads = 0);
+// The points no other point beats in both peak and predicted throughput, peak ascending.
+std::vector<AdvisePoint> pareto_frontier(std::vector<AdvisePoint> points, const TrainConfig& start);
+
 // The memtrade.advise/1 document (schemas/advise.schema.json).
 nlohmann::json advise_json(const AdviseResult& r);
 

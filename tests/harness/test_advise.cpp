@@ -30,6 +30,10 @@ TrainConfig start_of(const std::string& model, std::int64_t batch, std::int64_t 
   return c;
 }
 
+std::int64_t default_peak(const std::string& model) {
+  return estimate_memory(start_of(model, 8), Backend::cpu, 0).peak_allocated;
+}
+
 TEST(AdviseKnobs, EveryAdviseValueIsAcceptedAndCheckpointPlansAreDistinct) {
   for (const char* model : {"gpt-tiny", "gpt-mini", "cnn-tiny", "mlp-tiny", "gpt2-124m"}) {
     const TrainConfig start = start_of(model, 12);
@@ -157,6 +161,33 @@ TEST(AdviseSpace, TwoMicroBatchesGiveTheDevicePeakOfAll) {
   }
 }
 
+TEST(AdviseSearch, ThreadsGiveTheSameResult) {
+  const TrainConfig start = start_of("gpt-tiny", 4);
+  const AdviseSpace s = advise_space(start, {}, {}, Backend::cpu);
+  CostModel cost;
+  cost.rate = {{32, 1e9}, {128, 2e9}};
+  const std::size_t limit = static_cast<std::size_t>(default_peak("gpt-tiny") / 2);
+  std::size_t n1 = 0, n3 = 0;
+  const auto one = evaluate(s, Backend::cpu, limit, cost, &n1, 1);
+  const auto three = evaluate(s, Backend::cpu, limit, cost, &n3, 3);
+  ASSERT_EQ(one.size(), s.configs.size());
+  ASSERT_EQ(three.size(), one.size());
+  EXPECT_EQ(n1, n3);
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(three[i].id, one[i].id);
+    EXPECT_EQ(three[i].peak, one[i].peak);
+    EXPECT_EQ(three[i].fits, one[i].fits);
+    EXPECT_EQ(three[i].step_s, one[i].step_s);
+  }
+  // The frontier: peak ascending, throughput rising, and nothing in the space better in both.
+  const auto front = pareto_frontier(one, start);
+  for (const AdvisePoint& f : front)
+    for (const AdvisePoint& p : one)
+      EXPECT_FALSE((p.peak <= f.peak && p.samples_per_s > f.samples_per_s * (1 + 1e-9)) ||
+                   (p.peak < f.peak && p.samples_per_s >= f.samples_per_s))
+          << p.id << " beats " << f.id;
+}
+
 // A cost model with known coefficients generates the calibration's timings; the fit must give
 // its predictions back.
 TEST(AdviseCost, FitRecoversTheCoefficientsThatMadeTheTimings) {
@@ -260,10 +291,6 @@ TEST(AdviseCost, CostInputsSplitRecomputeAndCountCopies) {
 }
 
 // ---- the command, end to end ---------------------------------------------------------------
-
-std::int64_t default_peak(const std::string& model) {
-  return estimate_memory(start_of(model, 8), Backend::cpu, 0).peak_allocated;
-}
 
 TEST(AdviseCli, PickFitsWhenRunAndTheFrontierIsPareto) {
   TempDir dir;
