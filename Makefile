@@ -52,9 +52,11 @@ run: build
 	    --title "memtrade $$grid grid" && echo "report: out/report/index.html"; \
 	  exit $$rc
 
-# The docs page: ci/grids/docs.toml on the CPU, charts and index in docs/ (committed).
+# The docs page: ci/grids/docs.toml on the CPU, charts and index in docs/ (committed), and
+# docs/advise.md ("What to turn when you run out of memory", memtrade advise on the atlas models).
 docs: build
 	@$(PYTHON) ci/knob_table_doc.py $(BUILD)/memtrade docs/design.md
+	@$(PYTHON) ci/advise_doc.py $(BUILD)/memtrade docs
 	@./$(BUILD)/memtrade run --grid ci/grids/docs.toml --backend cpu --out docs/results-cpu.json
 	@first=$$(./$(BUILD)/memtrade run --grid ci/grids/docs.toml --list | head -n 1); \
 	  ./$(BUILD)/memtrade run --grid ci/grids/docs.toml --select "$$first" --quiet \
