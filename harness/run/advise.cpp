@@ -10,11 +10,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include "harness/common/bad_input.h"
 #include "harness/run/estimate.h"
-#include "harness/run/grid_runner.h"
 #include "kernels/allocator.h"
 
 namespace memtrade {
@@ -185,27 +183,12 @@ nlohmann::json point_json(const AdvisePoint& p) {
 }
 
 std::vector<Confirmation> confirm(const std::vector<AdvisePoint>& top, const AdviseOptions& o) {
-  Grid g;
-  g.name = "advise-confirm";
-  g.run.warmup = o.calibration.warmup;
-  g.run.steps = o.calibration.steps;
-  g.run.timeout_s = o.calibration.timeout_s;
-  g.run.capacity = o.capacity;
-  for (const AdvisePoint& p : top) g.points.push_back({p.id, p.config});
-  g.hash = fmt::format("advise-confirm-{}", getpid());
-  GridRunOptions ro;
-  ro.backend = o.calibration.backend;
-  ro.device_name = o.calibration.device_name;
-  ro.threads = o.calibration.threads;
-  ro.quiet = true;
-  ro.out =
-      std::filesystem::temp_directory_path() / fmt::format("memtrade-confirm-{}.json", getpid());
-  run_grid(g, ro);
+  std::vector<GridPoint> points;
+  for (const AdvisePoint& p : top) points.push_back({p.id, p.config});
+  const std::vector<PointRow> rows = run_isolated(points, o.calibration, o.capacity);
   std::vector<Confirmation> out;
-  const ResultsFile r = load_results_file(ro.out);
-  std::filesystem::remove(ro.out);
   for (const AdvisePoint& p : top)
-    for (const PointRow& row : r.points)
+    for (const PointRow& row : rows)
       if (row.id == p.id) out.push_back({p, row});
   return out;
 }

@@ -87,23 +87,9 @@ double bandwidth_from_child(const CalibrationOptions& o) {
 std::map<std::string, double> run_points(const std::vector<GridPoint>& points,
                                          const CalibrationOptions& o,
                                          std::vector<std::string>& warnings) {
-  Grid g;
-  g.name = "advise-calibration";
-  g.run.warmup = o.warmup;
-  g.run.steps = o.steps;
-  g.run.timeout_s = o.timeout_s;
-  g.points = points;
-  g.hash = fmt::format("advise-calibration-{}", getpid());
-  GridRunOptions ro;
-  ro.backend = o.backend;
-  ro.device_name = o.device_name;
-  ro.threads = o.threads;
-  ro.quiet = true;
-  ro.out = std::filesystem::temp_directory_path() / fmt::format("memtrade-calib-{}.json", getpid());
   std::map<std::string, double> out;
   for (int round = 0; round < o.rounds; ++round) {
-    run_grid(g, ro);
-    for (const PointRow& r : load_results_file(ro.out).points) {
+    for (const PointRow& r : run_isolated(points, o, 0)) {
       if (r.ok() && r.time) {
         const double t = step_seconds(r, o.clock);
         auto [it, fresh] = out.emplace(r.id, t);
@@ -113,7 +99,6 @@ std::map<std::string, double> run_points(const std::vector<GridPoint>& points,
             fmt::format("calibration point {}: {} {}", r.id, r.status, r.error.value_or("")));
       }
     }
-    std::filesystem::remove(ro.out);
   }
   return out;
 }
@@ -251,6 +236,29 @@ Calibration calibrate(const AdviseSpace& space, const CalibrationOptions& o) {
   cal.model.model = plain.model;
   cal.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return cal;
+}
+
+std::vector<PointRow> run_isolated(const std::vector<GridPoint>& points,
+                                   const CalibrationOptions& o, std::size_t capacity) {
+  Grid g;
+  g.name = "advise";
+  g.run.warmup = o.warmup;
+  g.run.steps = o.steps;
+  g.run.timeout_s = o.timeout_s;
+  g.run.capacity = capacity;
+  g.points = points;
+  g.hash = fmt::format("advise-{}", getpid());
+  GridRunOptions ro;
+  ro.backend = o.backend;
+  ro.device_name = o.device_name;
+  ro.threads = o.threads;
+  ro.quiet = true;
+  ro.out =
+      std::filesystem::temp_directory_path() / fmt::format("memtrade-advise-{}.json", getpid());
+  run_grid(g, ro);
+  std::vector<PointRow> rows = load_results_file(ro.out).points;
+  std::filesystem::remove(ro.out);
+  return rows;
 }
 
 double step_seconds(const PointRow& row, const std::string& clock) {

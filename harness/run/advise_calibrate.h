@@ -32,6 +32,7 @@
 #include "harness/common/point_row.h"
 #include "harness/run/advise_cost.h"
 #include "harness/run/advise_space.h"
+#include "harness/run/grid.h"
 
 namespace memtrade {
 
@@ -63,6 +64,11 @@ struct Calibration {
 std::string calibration_model(const TrainConfig& start, Backend target, Backend run_backend);
 
 Calibration calibrate(const AdviseSpace& space, const CalibrationOptions& o);
+
+// Runs `points` as one grid, each in its own process (the grid runner), with `capacity` emulated
+// (0: none), o's steps and backend; their result rows.
+std::vector<PointRow> run_isolated(const std::vector<GridPoint>& points,
+                                   const CalibrationOptions& o, std::size_t capacity);
 
 // A measured point's step time by `clock` (wall: time.median_s; cpu: time.cpu_median_s).
 double step_seconds(const PointRow& row, const std::string& clock);
