@@ -32,13 +32,21 @@ def frontier(doc: dict, outdir: pathlib.Path, formats: Sequence[str], key: str =
         return C.Chart(key=key, title=title, skipped="the advise document has no frontier")
     rec = doc.get("recommended")
     confirmed = [c for c in doc.get("confirmed", []) if c.get("measured_samples_per_s")]
-    peaks = [p["predicted_peak"] for p in front] + [cap, start["predicted_peak"]]
-    peaks += [c["measured_peak"] for c in confirmed if c.get("measured_peak")]
-    unit, div = A.memory_unit(max(peaks))
+    # The x range: the card and what fits on it, with room; a point far beyond (a start that
+    # needs 7 cards) is drawn at the right edge with its peak written, not allowed to squash the
+    # frontier against the axis.
+    near = [p["predicted_peak"] for p in front if p["fits"]] + [cap]
+    near += [c["measured_peak"] for c in confirmed if c.get("measured_peak")]
+    xmax_b = max(max(near) * 1.6, min(max(p["predicted_peak"] for p in front + [start]), max(near) * 3))
+    unit, div = A.memory_unit(xmax_b)
+    xmax = xmax_b / div
+
+    def x_of(b: float) -> float:
+        return min(b / div, xmax * 0.97)
     fig = C._figure(9.5, 5.8)
     ax = fig.add_subplot()
     ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=10.5)
-    xs = [p["predicted_peak"] / div for p in front]
+    xs = [x_of(p["predicted_peak"]) for p in front]
     ys = [p["predicted_samples_per_s"] for p in front]
     ax.step(xs, ys, where="post", color="#1f77b4", lw=1.3, zorder=2)
     colors = ["#1f77b4" if p["fits"] else "#b0b0b0" for p in front]
@@ -48,15 +56,19 @@ def frontier(doc: dict, outdir: pathlib.Path, formats: Sequence[str], key: str =
             rotation=90, ha="right", va="top", fontsize=7.5, color="#c00")
     if limit < cap:
         ax.axvline(limit / div, color="#c00", ls=":", lw=1)
-    ax.scatter([start["predicted_peak"] / div], [start["predicted_samples_per_s"]], marker="s", s=70,
+    ax.scatter([x_of(start["predicted_peak"])], [start["predicted_samples_per_s"]], marker="s", s=70,
                facecolors="none", edgecolors="#444", linewidths=1.4, zorder=4)
+    for p in front + [start]:
+        if p["predicted_peak"] / div > xmax * 0.97:
+            ax.annotate(f"{p['predicted_peak'] / div:.3g} {unit} →", (xmax * 0.97, p["predicted_samples_per_s"]),
+                        xytext=(-6, -12), textcoords="offset points", ha="right", fontsize=7, color="#444")
     if rec:
-        ax.scatter([rec["predicted_peak"] / div], [rec["predicted_samples_per_s"]], marker="*", s=260,
+        ax.scatter([x_of(rec["predicted_peak"])], [rec["predicted_samples_per_s"]], marker="*", s=260,
                    color="#d62728", edgecolors="black", linewidths=0.7, zorder=5)
     for c in confirmed:
-        mx, my = c["measured_peak"] / div, c["measured_samples_per_s"]
+        mx, my = x_of(c["measured_peak"]), c["measured_samples_per_s"]
         ax.scatter([mx], [my], marker="x", s=55, color="#2ca02c", linewidths=2, zorder=5)
-        ax.plot([c["predicted_peak"] / div, mx], [c["predicted_samples_per_s"], my], color="#2ca02c", lw=0.8,
+        ax.plot([x_of(c["predicted_peak"]), mx], [c["predicted_samples_per_s"], my], color="#2ca02c", lw=0.8,
                 ls=":", zorder=1)
     handles = [Line2D([], [], color="#1f77b4", marker="o", mec="black", lw=1.3, label="frontier (fits)"),
                Line2D([], [], color="#b0b0b0", marker="o", mec="black", lw=0, label="frontier (over the limit)"),
@@ -69,7 +81,7 @@ def frontier(doc: dict, outdir: pathlib.Path, formats: Sequence[str], key: str =
         handles.append(Line2D([], [], color="#2ca02c", marker="x", mew=2, lw=0, label="measured (--confirm)"))
     leg = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
                     frameon=True, framealpha=0.9)
-    ax.set_xlim(0, max(peaks) / div * 1.1)
+    ax.set_xlim(0, xmax)
     ax.set_ylim(0, max(ys + [start["predicted_samples_per_s"]] + [c["measured_samples_per_s"] for c in confirmed])
                 * 1.15)
     ax.set_xlabel(f"peak allocated memory ({unit}, memory model)")
@@ -87,6 +99,10 @@ def frontier(doc: dict, outdir: pathlib.Path, formats: Sequence[str], key: str =
     s = doc["search"]
     chart.notes.append(f"Searched {s['candidates']} configurations ({s['estimates']} memory-model estimates) in "
                        f"{s['seconds']:.2f} s, turning {', '.join(doc['axes'])}; throughput {throughput_label(doc)}.")
+    if rec and not any(p["id"] == rec["id"] for p in front):
+        chart.notes.append("The recommendation is off the frontier: a smaller configuration is predicted as fast, "
+                           "and ties go to the larger micro-batch (what the cost model cannot tell apart, the one "
+                           "nearest the start).")
     if rec:
         chart.notes.append(f"Recommended: {A.turned_label(rec['config'], start['config'])} — peak "
                            f"{A.fmt_bytes(rec['predicted_peak'])} of {A.fmt_bytes(limit)}, "

@@ -135,7 +135,7 @@ Calibration calibrate(const AdviseSpace& space, const CalibrationOptions& o) {
   }
   const auto model = make_model(plain);
   const std::vector<std::int64_t> batches =
-      proxy ? std::vector<std::int64_t>{1, 2, 4, 8} : curve_batches(space.global_batch);
+      proxy ? std::vector<std::int64_t>{1, 4, 16, 64} : curve_batches(space.global_batch);
   const std::int64_t b0 = batches[std::min<std::size_t>(2, batches.size() - 1)];
 
   // What to measure: (role, config) in the order the set is built.
