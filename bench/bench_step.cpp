@@ -38,9 +38,9 @@ void BM_TrainStep(benchmark::State& state, const char* settings) {
   for (auto _ : state) benchmark::DoNotOptimize(trainer.step().loss);
   const FlopCount f = model->flops(cfg.batch_size, RunOptions::from(cfg));
   state.SetItemsProcessed(state.iterations() * cfg.batch_size);
-  state.counters["FLOP/s"] = benchmark::Counter(
-      f.total() * static_cast<double>(cfg.accumulation * state.iterations()),
-      benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(f.total() * static_cast<double>(cfg.accumulation * state.iterations()),
+                         benchmark::Counter::kIsRate);
   state.counters["peak_MiB"] =
       static_cast<double>(dev->memory().stats().allocated.peak) / (1024.0 * 1024.0);
 }
@@ -55,7 +55,8 @@ MEMTRADE_STEP(gpt_mini_fp32_flash, "model=gpt-mini batch_size=8 attention=flash"
 MEMTRADE_STEP(gpt_small_fp32, "model=gpt-small batch_size=4");
 MEMTRADE_STEP(gpt_small_fp32_flash, "model=gpt-small batch_size=4 attention=flash");
 MEMTRADE_STEP(gpt_small_seq64_fp32, "model=gpt-small batch_size=4 seq_len=64");
-MEMTRADE_STEP(gpt_small_seq64_fp32_flash, "model=gpt-small batch_size=4 seq_len=64 attention=flash");
+MEMTRADE_STEP(gpt_small_seq64_fp32_flash,
+              "model=gpt-small batch_size=4 seq_len=64 attention=flash");
 MEMTRADE_STEP(mlp_tiny_fp32, "model=mlp-tiny batch_size=64");
 MEMTRADE_STEP(mlp_small_fp32, "model=mlp-small batch_size=64");
 MEMTRADE_STEP(mlp_large_fp32, "model=mlp-large batch_size=64");

@@ -1,5 +1,6 @@
 """python3 -m reports [RESULTS...] [--baseline FILE] [--history DB] [--trace FILE...]
-                      [--advise FILE...] -o DIR [--formats png,svg] [--title T] [--baseline-point ID]
+                      [--estimates FILE...] [--advise FILE...] -o DIR [--formats png,svg]
+                      [--title T] [--baseline-point ID]
 
 Exit codes: 0 all charts drawn or skipped for lack of data, 1 a chart failed to render,
 2 bad input (one line on stderr naming the problem).
@@ -31,6 +32,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="point id used as the knob-effects baseline (default: the all-default point per model)")
     p.add_argument("--history", metavar="DB", help="history SQLite DB (memtrade history add): commit trend")
     p.add_argument("--trace", nargs="+", action="extend", default=[], metavar="FILE", help="allocator trace files: memory timeline")
+    p.add_argument("--estimates", nargs="+", action="extend", default=[], metavar="FILE",
+                   help="`memtrade estimate --json` outputs: predicted curves (sequence length)")
     p.add_argument("--advise", nargs="+", action="extend", default=[], metavar="FILE",
                    help="memtrade advise --json documents: the frontier, capacity and chosen point")
     p.add_argument("--formats", default="png,svg", help="comma-separated image formats (png, svg, pdf)")
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         charts = build_report(a.results, a.output, baseline=a.baseline, history=a.history, traces=a.trace,
                               formats=a.formats, title=a.title, baseline_point=a.baseline_point,
-                              advise=a.advise)
+                              estimates=a.estimates, advise=a.advise)
     except InputError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
