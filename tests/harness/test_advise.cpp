@@ -65,10 +65,12 @@ TEST(AdviseKnobs, EveryAdviseValueIsAcceptedAndCheckpointPlansAreDistinct) {
   // The roles reach the tools (knobs --json).
   for (const auto& row : knobs_json()) {
     const std::string name = row["name"];
-    EXPECT_EQ(row["advise"],
-              name == "precision" || name == "optimizer"                                  ? "allow"
-              : name == "model" || name == "mode" || name == "input" || name == "seq_len" ? "keep"
-                                                                                          : "turn")
+    EXPECT_EQ(row["advise"], name == "precision" || name == "optimizer" ? "allow"
+                             : name == "model" || name == "mode" || name == "input" ||
+                                     name == "seq_len" || name == "autocast_policy" ||
+                                     name == "model_config"
+                                 ? "keep"
+                                 : "turn")
         << name;
   }
 }
@@ -336,7 +338,7 @@ TEST(AdviseCli, PickFitsWhenRunAndTheFrontierIsPareto) {
   // The recommended config runs again from its JSON through the knob flags, and fits.
   TrainConfig c = config_from_json(rec["config"]);
   std::string flags;
-  for (const Knob& k : knobs()) flags += fmt::format(" {} {}", k.flag, k.get(c));
+  for (const Knob& k : knobs()) flags += fmt::format(" {} '{}'", k.flag, k.get(c));  // '' too
   CliResult again =
       run_cli(fmt::format("run --backend cpu{} --capacity {}B --steps 1 --quiet --out {}", flags,
                           cap, dir.file("again.json")));
