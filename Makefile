@@ -53,12 +53,16 @@ run: build
 	  exit $$rc
 
 # The docs page: ci/grids/docs.toml on the CPU, charts and index in docs/ (committed), the
-# knob table of docs/design.md, and docs/pytorch.md (memtrade's memory against PyTorch's).
+# knob table of docs/design.md, docs/pytorch.md (memtrade's memory against PyTorch's) and
+# docs/advise.md ("What to turn when you run out of memory", memtrade advise on the atlas models)
+# and docs/atlas.md (the memory atlas of GPT-2 and Llama sizes, from the CUDA memory model).
 PYTORCH_POINTS := $(shell for m in gpt-mini:8 gpt-small:8 mlp-small:8 cnn-small:8; do \
   for c in 0 1 0.5 sqrt selective; do printf '%s:%s,%s:%s:bf16:torch-cpu,' $$m $$c $$m $$c; done; \
   done; printf 'llama-mini:8:0,llama-mini:8:1,llama-mini:8:0:bf16:torch-cpu')
 docs: build
 	@$(PYTHON) ci/knob_table_doc.py $(BUILD)/memtrade docs/design.md
+	@$(PYTHON) ci/advise_doc.py $(BUILD)/memtrade docs
+	@$(PYTHON) ci/atlas.py $(BUILD)/memtrade docs
 	@./$(BUILD)/memtrade run --grid ci/grids/docs.toml --backend cpu --out docs/results-cpu.json
 	@first=$$(./$(BUILD)/memtrade run --grid ci/grids/docs.toml --list | head -n 1); \
 	  ./$(BUILD)/memtrade run --grid ci/grids/docs.toml --select "$$first" --quiet \

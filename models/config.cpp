@@ -76,12 +76,22 @@ constexpr std::array<std::pair<std::string_view, AttentionKind>, 2> kAttentionKi
 
 }  // namespace
 
+std::int64_t samples_per_step(const TrainConfig& c) {
+  return c.batch_size * c.accumulation;
+}
+
+bool needs_cuda(const TrainConfig& c) {
+  return c.precision == Precision::tf32;
+}
+
 std::string Checkpoint::str() const {
   switch (kind) {
     case Kind::sqrt:
       return "sqrt";
     case Kind::selective:
       return "selective";
+    case Kind::first:
+      return fmt::format("first{}", density);
     case Kind::density:
       break;
   }
@@ -91,11 +101,16 @@ std::string Checkpoint::str() const {
 std::optional<Checkpoint> Checkpoint::parse(std::string_view s) {
   if (s == "sqrt") return Checkpoint{Kind::sqrt, 0.0};
   if (s == "selective") return Checkpoint{Kind::selective, 0.0};
+  Kind kind = Kind::density;
+  if (s.starts_with("first")) {
+    kind = Kind::first;
+    s.remove_prefix(5);
+  }
   double d = 0;
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), d);
   if (ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(d) || d < 0.0 || d > 1.0)
     return std::nullopt;
-  return Checkpoint{Kind::density, d};
+  return Checkpoint{kind, d};
 }
 
 std::string_view precision_name(Precision p) {

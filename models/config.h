@@ -44,12 +44,13 @@ enum class EmptyCache : std::uint8_t { never, per_step };
 enum class InputMemory : std::uint8_t { pinned, pageable };
 
 // Activation checkpointing: a density in [0, 1] (fraction of blocks recomputed, evenly spaced),
-// or sqrt (√n segments: one kept block boundary every ⌈√n⌉ blocks) or selective (recompute only
-// cheap big tensors: attention probabilities and the GELU input or SwiGLU output).
+// first<density> (the same number of blocks, the first ones: which blocks are recomputed), sqrt
+// (√n segments: one kept block boundary every ⌈√n⌉ blocks) or selective (Megatron: recompute only
+// the attention core of each block; CNN: bn1-relu-conv2).
 struct Checkpoint {
-  enum class Kind : std::uint8_t { density, sqrt, selective } kind = Kind::density;
-  double density = 0.0;
-  std::string str() const;  // "0", "0.5", "1", "sqrt", "selective"
+  enum class Kind : std::uint8_t { density, first, sqrt, selective } kind = Kind::density;
+  double density = 0.0;     // density and first
+  std::string str() const;  // "0", "0.5", "1", "first0.5", "sqrt", "selective"
   static std::optional<Checkpoint> parse(std::string_view s);
   bool operator==(const Checkpoint&) const = default;
 };
@@ -82,6 +83,11 @@ struct TrainConfig {
   std::int64_t loss_scale_growth_interval = 2000;  // fp16 dynamic loss scaling
   float loss_scale_init = 65536.0f;
 };
+
+// The samples one optimizer step averages over: batch_size × accumulation.
+std::int64_t samples_per_step(const TrainConfig& c);
+// Whether the config runs only on the CUDA backend (tf32 is a tensor-core format).
+bool needs_cuda(const TrainConfig& c);
 
 // Spellings (the contract) and their parsers; parsers return nullopt on unknown text.
 std::string_view precision_name(Precision p);

@@ -10,6 +10,7 @@
 
 #include "models/hf_config.h"
 #include "models/model.h"
+#include "models/saved_tensors.h"
 
 namespace memtrade {
 namespace {
@@ -75,6 +76,45 @@ std::int64_t max_seq_len_of(TrainConfig c) {
 
 bool has_sequence(const TrainConfig& c) {
   return max_seq_len_of(c) > 0;
+}
+
+// Advise's micro-batch sizes (and accumulation counts): every divisor of the start's samples per
+// optimizer step, so that some partner value keeps the product.
+std::vector<std::string> step_divisors(const TrainConfig& start) {
+  std::vector<std::string> out;
+  const std::int64_t n = samples_per_step(start);
+  for (std::int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(std::to_string(d));
+  return out;
+}
+
+// Advise's checkpoint values: none, all, sqrt, selective, and a quarter, half and three quarters
+// of the blocks, evenly spaced or the first ones (which blocks). Values whose plan repeats an
+// earlier one on this model are dropped (gpt-tiny's 2 blocks: 0.25 and 0.5 are the same plan).
+std::vector<std::string> checkpoint_candidates(const TrainConfig& start) {
+  int blocks = 0;
+  try {
+    blocks = make_model(start)->num_blocks();
+  } catch (const std::invalid_argument&) {
+    return {};
+  }
+  std::vector<std::string> out;
+  std::vector<std::pair<std::vector<CheckpointPlan::Segment>, bool>> seen;
+  for (const char* text : {"0", "first0.25", "0.25", "first0.5", "0.5", "first0.75", "0.75", "1",
+                           "sqrt", "selective"}) {
+    const CheckpointPlan plan = CheckpointPlan::make(*Checkpoint::parse(text), blocks);
+    auto same = [&](const auto& s) {
+      return s.second == plan.selective &&
+             std::equal(s.first.begin(), s.first.end(), plan.segments.begin(), plan.segments.end(),
+                        [](const auto& a, const auto& b) {
+                          return a.begin == b.begin && a.end == b.end && a.recompute == b.recompute;
+                        });
+    };
+    if (std::any_of(seen.begin(), seen.end(), same)) continue;
+    seen.emplace_back(plan.segments, plan.selective);
+    out.emplace_back(text);
+  }
+  return out;
 }
 
 // The model axis: a listed model, optionally with overrides of its family's hyper-parameters.
@@ -155,17 +195,26 @@ std::vector<Knob> make_table() {
 
   t.push_back(model_knob());
 
+  // batch_size × accumulation is what the optimizer step averages over: advise moves factors
+  // between them and keeps the product.
   t.push_back(count_knob("batch_size", "--batch-size", "b", "Samples per micro-batch",
                          &TrainConfig::batch_size, {"1", "8"}));
   t.back().workload = true;
+  t.back().advise = AdviseRole::turn;
+  t.back().advise_values = step_divisors;
+  t.back().cost = CostDriver::structure;
   t.push_back(count_knob("accumulation", "--accumulation", "a",
                          "Micro-batches per optimizer step (gradient accumulation)",
                          &TrainConfig::accumulation, {"1", "4"}));
+  t.back().advise = AdviseRole::turn;
+  t.back().advise_values = step_divisors;
+  t.back().cost = CostDriver::structure;
   t.push_back(enum_knob("precision", "--precision", "",
                         "fp32, tf32 (CUDA), fp16/bf16 as torch.autocast (fp32 weights, per-op "
                         "dtypes: --autocast-policy), fp16-o2/bf16-o2 (16-bit weights and "
                         "activations, fp32 master copy), fp16-pure/bf16-pure (no master)",
                         &TrainConfig::precision, precision_name, parse_precision, precision_names));
+  t.back().advise = AdviseRole::allow;
 
   // Qualifies the autocast precisions: in their ids even at its default, in no other id.
   Knob policy = enum_knob(
@@ -185,41 +234,58 @@ std::vector<Knob> make_table() {
   ck.type = KnobType::density;
   ck.help =
       "Activation checkpointing (torch.utils.checkpoint, non-reentrant): the fraction of blocks "
-      "recomputed in backward, sqrt (√n segments), or selective (Megatron: only the attention "
-      "core of each block; CNN: bn1-relu-conv2)";
-  ck.values_text = "a density in [0, 1], sqrt or selective";
-  ck.examples = {"0", "0.5", "1", "sqrt", "selective"};
+      "recomputed in backward (evenly spaced, or first<d>: the first ones), sqrt (√n segments), "
+      "or selective (Megatron: only the attention core of each block; CNN: bn1-relu-conv2)";
+  ck.values_text = "a density in [0, 1], first<density>, sqrt or selective";
+  ck.examples = {"0", "0.5", "1", "first0.5", "sqrt", "selective"};
   ck.get = [](const TrainConfig& c) { return c.checkpoint.str(); };
   ck.set = [](TrainConfig& c, std::string_view text) -> std::optional<std::string> {
     auto v = Checkpoint::parse(text);
+    const std::string_view number = text.starts_with("first") ? text.substr(5) : text;
     double d = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), d);
-    if (!v && ec == std::errc() && end == text.data() + text.size())
-      return fmt::format("density {} is outside [0, 1]", text);
-    if (!v) return fmt::format("'{}' is not a density in [0, 1], 'sqrt' or 'selective'", text);
+    auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), d);
+    if (!v && ec == std::errc() && end == number.data() + number.size())
+      return fmt::format("density {} is outside [0, 1]", number);
+    if (!v)
+      return fmt::format("'{}' is not a density in [0, 1], first<density>, 'sqrt' or 'selective'",
+                         text);
     c.checkpoint = *v;
     return std::nullopt;
   };
+  ck.advise = AdviseRole::turn;
+  ck.advise_values = checkpoint_candidates;
+  ck.cost = CostDriver::recompute;
   t.push_back(std::move(ck));
 
   t.push_back(enum_knob("optimizer", "--optimizer", "",
                         "Optimizer (state per parameter: sgd 0, momentum/adagrad/rmsprop 1, "
                         "adam/adamw 2 fp32 copies)",
                         &TrainConfig::optimizer, optimizer_name, parse_optimizer, optimizer_names));
+  t.back().advise = AdviseRole::allow;
+  t.back().cost = CostDriver::params;
   t.push_back(enum_knob("offload", "--offload", "off-",
                         "CPU offload: saved activations, optimizer state and update "
                         "(ZeRO-Offload), or the block weights themselves",
                         &TrainConfig::offload, offload_name, parse_offload, offload_names));
+  t.back().advise = AdviseRole::turn;
+  t.back().cost = CostDriver::copies;
+  t.back().only_costs = true;
   t.push_back(enum_knob("zero_grad", "--zero-grad", "zg-",
                         "zero_grad(set_to_none=True) frees the grads after the step; zero keeps "
                         "and zero-fills them",
                         &TrainConfig::zero_grad, zero_grad_name, parse_zero_grad, zero_grad_names));
+  t.back().advise = AdviseRole::turn;
+  t.back().cost = CostDriver::params;
+  t.back().only_costs = true;
   t.push_back(enum_knob("mode", "--mode", "",
                         "train, or eval: forward only with nothing saved (the no-grad path)",
                         &TrainConfig::mode, mode_name, parse_mode, mode_names));
   t.push_back(enum_knob(
       "empty_cache", "--empty-cache", "ec-", "torch.cuda.empty_cache() after every step, or never",
       &TrainConfig::empty_cache, empty_cache_name, parse_empty_cache, empty_cache_names));
+  t.back().advise = AdviseRole::turn;
+  t.back().cost = CostDriver::reserved;
+  t.back().only_costs = true;
   t.push_back(enum_knob("input", "--input", "in-",
                         "Host memory the batch is staged in before its copy to the device",
                         &TrainConfig::input, input_name, parse_input, input_names));
@@ -267,6 +333,7 @@ std::vector<Knob> make_table() {
                         attention_kind_names);
   attn.id_rule = IdRule::non_default;
   attn.applies = has_sequence;
+  attn.advise = AdviseRole::turn;
   t.push_back(std::move(attn));
 
   t.push_back(model_config_knob());
@@ -276,6 +343,8 @@ std::vector<Knob> make_table() {
     if (!k.applies) k.applies = [](const TrainConfig&) { return true; };
     if (!k.resolve) k.resolve = [](TrainConfig&) { return std::optional<std::string>(); };
     if (!k.choices) k.choices = [] { return std::vector<std::string>{}; };
+    if (!k.advise_values)
+      k.advise_values = [choices = k.choices](const TrainConfig&) { return choices(); };
   }
   return t;
 }
@@ -382,6 +451,7 @@ nlohmann::json knobs_json() {
   nlohmann::json out = nlohmann::json::array();
   static constexpr const char* kTypes[] = {"integer", "text", "density"};
   static constexpr const char* kIdRules[] = {"always", "non_default", "when_applies"};
+  static constexpr const char* kAdvise[] = {"keep", "turn", "allow"};
   for (const Knob& k : knobs()) {
     const auto choices = k.choices();
     const std::string def = k.default_text();
@@ -392,6 +462,7 @@ nlohmann::json knobs_json() {
         {"id_rule", kIdRules[static_cast<int>(k.id_rule)]},
         {"type", kTypes[static_cast<int>(k.type)]},
         {"workload", k.workload},
+        {"advise", kAdvise[static_cast<int>(k.advise)]},
         {"default",
          k.type == KnobType::integer ? nlohmann::json(std::stoll(def)) : nlohmann::json(def)},
         {"choices", choices.empty() ? nlohmann::json(nullptr) : nlohmann::json(choices)},

@@ -47,6 +47,27 @@ enum class IdRule : std::uint8_t {
                  // the autocast policy of an autocast precision)
 };
 
+// What `memtrade advise` (harness/run/advise.h) may do with an axis.
+enum class AdviseRole : std::uint8_t {
+  keep,   // never changed: what is trained (model, seq_len), not training (mode eval), or nothing
+          // on the device to gain (input staging is host memory)
+  turn,   // trades memory for time and leaves the training math unchanged (tests prove it);
+          // advise turns it by default
+  allow,  // changes what the training computes (precision, optimizer): only with --allow NAME
+};
+
+// What the time of a value of the axis scales with, in advise's cost model
+// (harness/run/advise_cost.h), which measures each value's cost once and scales it by this.
+enum class CostDriver : std::uint8_t {
+  compute,    // a ratio on the micro-batch's compute (attention kind, precision; the default)
+  structure,  // the step's shape: micro-batches of so many rows (batch_size, accumulation)
+  recompute,  // the FLOPs it recomputes in backward (Model::flops: checkpoint)
+  copies,     // bytes copied per micro-batch (the memory model counts them), plus work per
+              // parameter per step (offload)
+  params,     // work per parameter per step (zero_grad, optimizer)
+  reserved,   // work per reserved byte per step (empty_cache)
+};
+
 struct Knob {
   std::string name;       // "batch_size": grid key, JSON config key, CSV column
   std::string flag;       // "--batch-size"
@@ -75,6 +96,14 @@ struct Knob {
   // Once every axis is set: checks the value against the others (a seq_len the model cannot
   // take) and makes it canonical where it depends on them; returns an error message.
   std::function<std::optional<std::string>(TrainConfig&)> resolve;
+  // What advise may do with the axis, and the values it tries from a starting point (turn and
+  // allow rows; default: choices()). Advise searches the cartesian product of these over the
+  // rows that apply, keeping the samples per optimizer step (samples_per_step) of the start.
+  AdviseRole advise = AdviseRole::keep;
+  std::function<std::vector<std::string>(const TrainConfig& start)> advise_values;
+  CostDriver cost = CostDriver::compute;
+  bool only_costs = false;  // a value other than the default only adds work: a measured saving
+                            // is timing noise and counts as none
 
   std::string default_text() const { return get(TrainConfig{}); }
   std::vector<std::string> test_values() const;  // choices() if any, else examples
@@ -114,8 +143,8 @@ nlohmann::json config_json(const TrainConfig& c);
 TrainConfig config_from_json(const nlohmann::json& j);
 
 // The table as JSON (`memtrade knobs --json`, and meta.knobs of every results file):
-// [{"name", "flag", "id_prefix", "id_rule", "type", "workload", "default", "choices" (or null),
-//   "examples", "values", "help"}, ...].
+// [{"name", "flag", "id_prefix", "id_rule", "type", "workload", "advise" (keep | turn | allow),
+//   "default", "choices" (or null), "examples", "values", "help"}, ...].
 nlohmann::json knobs_json();
 
 }  // namespace memtrade

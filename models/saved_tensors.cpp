@@ -191,12 +191,15 @@ CheckpointPlan CheckpointPlan::make(const Checkpoint& c, int num_blocks) {
       for (int b = 0; b < n; b += s) p.segments.push_back({b, std::min(n, b + s), true});
       return p;
     }
-    case Checkpoint::Kind::density: {
+    case Checkpoint::Kind::density:
+    case Checkpoint::Kind::first: {
       if (!(c.density >= 0.0 && c.density <= 1.0))
         throw std::invalid_argument(fmt::format("checkpoint density {} not in [0, 1]", c.density));
       const auto k = static_cast<std::int64_t>(std::lround(c.density * n));
       CheckpointPlan p = none(n);
-      for (int i = 0; i < n; ++i) p.segments[i].recompute = (i + 1) * k / n > i * k / n;
+      for (int i = 0; i < n; ++i)
+        p.segments[i].recompute =
+            c.kind == Checkpoint::Kind::first ? i < k : (i + 1) * k / n > i * k / n;
       return p;
     }
   }

@@ -101,6 +101,11 @@ class SavedTensors {
 //   - density d: k = round(d·n) (half away from zero) blocks are recomputed, each its own
 //     segment, evenly spaced: block i is recomputed iff floor((i+1)·k/n) > floor(i·k/n)
 //     (n = 4, k = 2: blocks 1 and 3; k = n: all; k = 0: none);
+//   - first<d>: the same k = round(d·n) blocks, each its own segment, but the first k (n = 4,
+//     k = 2: blocks 0 and 1). The first blocks' activations are held longest (from their forward
+//     until the end of backward), so dropping them lowers the backward peak most per recomputed
+//     block; the evenly spaced rule's last recomputed block is recomputed when little else is
+//     live;
 //   - sqrt: segments of s = ⌈√n⌉ consecutive blocks, all recomputed (only every s-th block
 //     boundary is kept);
 //   - selective: every block kept (one segment each), but `selective` is set: layers skip saving

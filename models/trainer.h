@@ -71,7 +71,7 @@ class Trainer {
   const std::vector<float>& last_inputs() const { return last_inputs_; }
   const std::vector<std::int32_t>& last_targets() const { return last_targets_; }
 
-  std::int64_t samples_per_step() const { return cfg_.batch_size * cfg_.accumulation; }
+  std::int64_t samples_per_step() const { return memtrade::samples_per_step(cfg_); }
   std::int64_t tokens_per_step() const { return samples_per_step() * model_.rows_per_sample(); }
   float loss_scale() const { return scaler_.scale(); }
   std::int64_t skipped_steps() const { return scaler_.skipped_steps(); }

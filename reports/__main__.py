@@ -1,6 +1,6 @@
-"""python3 -m reports RESULTS... [--baseline FILE] [--history DB] [--trace FILE...]
-                      [--estimates FILE...] -o DIR [--formats png,svg] [--title T]
-                      [--baseline-point ID]
+"""python3 -m reports [RESULTS...] [--baseline FILE] [--history DB] [--trace FILE...]
+                      [--estimates FILE...] [--advise FILE...] -o DIR [--formats png,svg]
+                      [--title T] [--baseline-point ID]
 
 Exit codes: 0 all charts drawn or skipped for lack of data, 1 a chart failed to render,
 2 bad input (one line on stderr naming the problem).
@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = _Parser(prog=PROG, description="Draw memtrade trade-off charts and an index page from results files.")
-    p.add_argument("results", nargs="+", metavar="RESULTS", help="results JSON files (memtrade.results/1)")
+    p.add_argument("results", nargs="*", metavar="RESULTS", help="results JSON files (memtrade.results/1)")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     p.add_argument("--baseline", metavar="FILE", help="baseline results file: draws baseline vs head")
     p.add_argument("--baseline-point", metavar="ID",
@@ -34,6 +34,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--trace", nargs="+", action="extend", default=[], metavar="FILE", help="allocator trace files: memory timeline")
     p.add_argument("--estimates", nargs="+", action="extend", default=[], metavar="FILE",
                    help="`memtrade estimate --json` outputs: predicted curves (sequence length)")
+    p.add_argument("--advise", nargs="+", action="extend", default=[], metavar="FILE",
+                   help="memtrade advise --json documents: the frontier, capacity and chosen point")
     p.add_argument("--formats", default="png,svg", help="comma-separated image formats (png, svg, pdf)")
     p.add_argument("--title", help="page title")
     a = p.parse_args(argv)
@@ -42,6 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not fmts or bad:
         p.error(f"--formats: unsupported format {', '.join(bad) or '(none)'}; use png, svg or pdf")
     a.formats = fmts
+    if not a.results and not a.advise:
+        p.error("give RESULTS files, --advise files, or both")
     return a
 
 
@@ -50,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         charts = build_report(a.results, a.output, baseline=a.baseline, history=a.history, traces=a.trace,
                               formats=a.formats, title=a.title, baseline_point=a.baseline_point,
-                              estimates=a.estimates)
+                              estimates=a.estimates, advise=a.advise)
     except InputError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

@@ -67,6 +67,17 @@ def ok_points(points: Iterable[dict]) -> list[dict]:
     return [p for p in points if is_ok(p)]
 
 
+def is_inference(point: dict) -> bool:
+    """A point that does not train (mode = eval: forward only, nothing saved): it does not belong
+    on a training trade-off, and gets its own panel."""
+    names = K.names()
+    return "mode" in names and knob_value(point.get("config") or {}, "mode") == "eval"
+
+
+def training_points(points: Iterable[dict]) -> list[dict]:
+    return [p for p in points if not is_inference(p)]
+
+
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -153,6 +164,14 @@ def compact_label(config: dict, varying: Sequence[str]) -> str:
     "b8 off-none zg-set_to_none ...")."""
     ks = [k for k in varying if _always_shown(k) or knob_value(config, k) != _default_norm(k)]
     return short_label(config, ks) if ks else str(config.get("model", "?"))
+
+
+def turned_label(config: dict, reference: dict, varying: Sequence[str] = ()) -> str:
+    """The axes where `config` differs from `reference` (and the `varying` workload axes), as in
+    point ids: "b2 a4 ckfirst0.5 off-optimizer"; "as is" when none differs."""
+    ks = [k for k in K.names()
+          if knob_value(config, k) != knob_value(reference, k) or (k in varying and _always_shown(k))]
+    return short_label(config, ks) if ks else "as is"
 
 
 def label_knobs(points: Sequence[dict]) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
+import textwrap
 from typing import Any, Sequence
 
 import matplotlib
@@ -158,6 +159,8 @@ def _skip(key: str, title: str, why: str) -> Chart:
 
 def frontier(points: Sequence[dict], meta: dict, outdir: pathlib.Path, formats: Sequence[str]) -> Chart:
     key, title = "frontier", "Trade-off frontier: peak memory vs throughput"
+    inference = [p for p in points if A.is_inference(p)]
+    points = A.training_points(points)  # eval points are not training: their own panel
     ok = A.ok_points(points)
     oom = [p for p in points if p.get("status") == "oom"]
     if not ok and not oom:
@@ -200,7 +203,7 @@ def frontier(points: Sequence[dict], meta: dict, outdir: pathlib.Path, formats: 
         fx, fy = [A.peak(p) / div for p in front], [A.throughput(p) for p in front]
         ax.step(fx, fy, where="post", color=c, lw=1.4, zorder=3)
         ax.scatter(fx, fy, s=42, color=c, edgecolors="black", linewidths=0.7, zorder=4)
-        lk = _front_knobs(front)
+        lk = _front_knobs(front) + A.setting_knobs()  # what varies, and every knob turned
         front_all += [(p, A.compact_label(p["config"], lk)) for p in front]
     if log_y:
         ax.set_yscale("log")
@@ -233,7 +236,9 @@ def frontier(points: Sequence[dict], meta: dict, outdir: pathlib.Path, formats: 
             ax.text(cap_line, y, f"{n} OOM  ", transform=ax.get_xaxis_transform(), ha="right",
                     va="center", fontsize=7.5, color=colors[m])
         handles.append(Line2D([], [], color="gray", marker="x", lw=0, mew=2, label="OOM (placed at capacity)"))
-    leg = ax.legend(handles=handles, loc="best", frameon=True, framealpha=0.9)
+    # Outside the axes: inside, "best" still covers points at the corners (a fast, small model).
+    leg = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
+                    frameon=True, framealpha=0.9)
     numbered = len(front_all) > MAX_LABELS
     labels = [(f"#{i + 1}" if numbered else (f"{lab}" if not multi else lab)) for i, (p, lab) in enumerate(front_all)]
     _place_labels(fig, ax, [A.peak(p) / div for p, _ in front_all], [A.throughput(p) for p, _ in front_all], labels,
@@ -241,6 +246,9 @@ def frontier(points: Sequence[dict], meta: dict, outdir: pathlib.Path, formats: 
     for i, (p, lab) in enumerate(front_all):
         chart.rows.append([str(i + 1), p["config"]["model"], lab, f"{A.peak(p) / div:.3g}",
                            _n(A.throughput(p)), _fmt_time(A.step_time(p))])
+    if inference:
+        chart.notes.append(f"{len(inference)} inference point(s) (mode = eval) are left out: they do not "
+                           "train; see the inference panel.")
     chart.notes.append(f"{len(ok)} ok point(s), {len(oom)} OOM; the table lists the Pareto-optimal points "
                        "(no other point of the same model has less memory and more throughput).")
     if numbered:
@@ -281,7 +289,9 @@ def knob_effects(points: Sequence[dict], outdir: pathlib.Path, formats: Sequence
                                  "(pass --baseline-point ID)")
     rows: list[tuple[dict, dict]] = []
     for model, base in sorted(baselines.items()):
-        same = [p for p in points if p["config"].get("model") == model]
+        # Inference points (mode = eval) have their own panel: their throughput "lost" (-240 %)
+        # would set this axis and squash every training knob.
+        same = [p for p in points if p["config"].get("model") == model and not A.is_inference(p)]
         try:
             eff = A.knob_effects(same, base)
         except ValueError as e:
@@ -322,8 +332,8 @@ def knob_effects(points: Sequence[dict], outdir: pathlib.Path, formats: Sequence
     ax.set_xlim(lo - pad, hi + pad)
     ax.set_xlabel("% relative to the baseline (memory saved: higher is better; throughput lost: lower is better)")
     base_desc = "; ".join(f"{A.short_label(b['config'])}" for b in baselines.values())
-    ax.set_title(f"Knob effects vs baseline: {base_desc}", fontsize=10)
-    ax.legend(loc="lower right", frameon=True, framealpha=0.9)
+    ax.set_title("\n".join(textwrap.wrap(f"Knob effects vs baseline: {base_desc}", 80)), fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=True, framealpha=0.9)
     ax.grid(axis="x", alpha=0.25)
     chart = Chart(key=key, title=title,
                   headers=["model", "knob", "value", "peak", "samples/s", "memory saved", "throughput lost"])
@@ -338,6 +348,52 @@ def knob_effects(points: Sequence[dict], outdir: pathlib.Path, formats: Sequence
     chart.notes.append("Baseline rule: --baseline-point if given, else per model the ok point with every knob "
                        f"at its default ({defaults}) at the batch size with the most ok points of that "
                        "model. Each row is a point that differs from it in exactly one knob.")
+    chart.files = _save(fig, outdir, key, formats)
+    return chart
+
+
+# ---------------------------------------------------------------------------------------------
+# 2b. Inference points (mode = eval)
+
+
+def inference(points: Sequence[dict], outdir: pathlib.Path, formats: Sequence[str]) -> Chart:
+    """Inference points next to the training point they differ from only in mode (else their
+    model's training baseline): peak and throughput, in two panels."""
+    key, title = "inference", "Inference (mode = eval) next to training"
+    evals = [p for p in A.ok_points(points) if A.is_inference(p)]
+    if not evals:
+        return _skip(key, title, "no ok inference point (mode = eval)")
+    train = A.training_points(A.ok_points(points))
+    baselines = A.default_baselines(train)
+    pairs = []
+    for e in evals:
+        twin = next((t for t in train if A.differing_knobs(t, e) == ["mode"]), None)
+        pairs.append((e, twin or baselines.get(e["config"].get("model"))))
+    labels = [A.short_label(e["config"]) for e, _ in pairs]
+    fig = _figure(8.5, 1.6 + 0.45 * len(pairs))
+    axm, axt = fig.subplots(1, 2, sharey=True)
+    unit, div = A.memory_unit(max(A.peak(p) for pair in pairs for p in pair if p))
+    y = list(range(len(pairs)))
+    h = 0.38
+    for ax, get, xlabel in ((axm, lambda p: A.peak(p) / div, f"peak allocated ({unit})"),
+                            (axt, A.throughput, "throughput (samples/s)")):
+        ax.barh([v - h / 2 for v in y], [get(t) if t else 0 for _, t in pairs], height=h, color="#4c72b0",
+                label="training")
+        ax.barh([v + h / 2 for v in y], [get(e) for e, _ in pairs], height=h, color="#55a868", label="eval")
+        ax.set_xlabel(xlabel)
+        ax.grid(axis="x", alpha=0.25)
+    axm.set_yticks(y, labels)
+    axm.invert_yaxis()
+    axt.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=True, framealpha=0.9)
+    fig.suptitle(title, fontsize=11)
+    chart = Chart(key=key, title=title, headers=["eval point", f"peak ({unit})", "samples/s", "training point",
+                                                 f"its peak ({unit})", "its samples/s"])
+    for lab, (e, t) in zip(labels, pairs):
+        chart.rows.append([lab, f"{A.peak(e) / div:.3g}", _n(A.throughput(e)),
+                           A.short_label(t["config"]) if t else "–", f"{A.peak(t) / div:.3g}" if t else "–",
+                           _n(A.throughput(t)) if t else "–"])
+    chart.notes.append("Eval runs the forward pass only and keeps nothing for backward: it is inference, not a "
+                       "setting of training, so it is kept off the training frontier and the knob effects.")
     chart.files = _save(fig, outdir, key, formats)
     return chart
 

@@ -15,6 +15,7 @@ from typing import Any
 
 RESULTS_SCHEMA = "memtrade.results/1"
 TRACE_SCHEMA = "memtrade.trace/1"
+ADVISE_SCHEMA = "memtrade.advise/1"
 
 
 class InputError(Exception):
@@ -143,6 +144,14 @@ def load_fit(path: str | pathlib.Path) -> dict:
     """`memtrade fit --json FILE` output (memtrade.fit/1): the largest batch per knob setting."""
     doc = _read_json(path)
     _check(path, doc, "fit", FIT_SCHEMA)
+    doc["_path"] = str(path)
+    return doc
+
+
+def load_advise(path: str | pathlib.Path) -> dict:
+    """`memtrade advise --json` output (memtrade.advise/1): the frontier and the recommendation."""
+    doc = _read_json(path)
+    _check(path, doc, "advise", ADVISE_SCHEMA)
     doc["_path"] = str(path)
     return doc
 

@@ -50,7 +50,7 @@ std::unique_ptr<Device> device_for(const KnobFlags& flags, const TrainConfig& cf
   } catch (const std::runtime_error& e) {
     throw BadInput(fmt::format("--backend {}: {}", flags.backend, e.what()));
   }
-  if (cfg.precision == Precision::tf32 && dev->backend() != Backend::cuda)
+  if (needs_cuda(cfg) && dev->backend() != Backend::cuda)
     throw BadInput("--precision tf32 needs the cuda backend (TF32 is a tensor-core format)");
   return dev;
 }
@@ -95,6 +95,7 @@ int cli_main(int argc, char** argv) {
   register_gate_commands(app, cmds);
   register_run_commands(app, cmds);
   register_report_commands(app, cmds);
+  register_advise_commands(app, cmds);
 
   try {
     app.parse(argc, argv);

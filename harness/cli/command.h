@@ -39,5 +39,6 @@ class Commands {
 void register_point_commands(CLI::App& app, Commands& cmds);   // devices, step (cli.cpp)
 void register_run_commands(CLI::App& app, Commands& cmds);     // run, estimate, fit, merge, export
 void register_report_commands(CLI::App& app, Commands& cmds);  // report (reports/, Python)
+void register_advise_commands(CLI::App& app, Commands& cmds);  // advise, __bandwidth
 
 }  // namespace memtrade

@@ -121,7 +121,8 @@ json PointRow::to_json() const {
                           {"median_s", time->median_s},
                           {"p10_s", time->p10_s},
                           {"p90_s", time->p90_s},
-                          {"cv", time->cv}}
+                          {"cv", time->cv},
+                          {"cpu_median_s", opt(time->cpu_median_s)}}
                    : json(nullptr);
   j["throughput"] = throughput ? json{{"samples_per_s", throughput->samples_per_s},
                                       {"tokens_per_s", throughput->tokens_per_s},
@@ -191,6 +192,7 @@ PointRow PointRow::from_json(const json& j) {
     tf.p10_s = t.opt_number("p10_s").value_or(tf.median_s);
     tf.p90_s = t.opt_number("p90_s").value_or(tf.median_s);
     tf.cv = t.opt_number("cv").value_or(0.0);
+    tf.cpu_median_s = t.opt_number("cpu_median_s");
     r.time = tf;
   } else {
     f.take("time");

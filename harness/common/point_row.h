@@ -37,6 +37,9 @@ struct MemoryFigures {
 struct TimeFigures {
   std::vector<double> samples_s;  // every measured step
   double median_s = 0, p10_s = 0, p90_s = 0, cv = 0;
+  // The process's CPU time per step (median): on the CPU backend the work done, which waiting
+  // for a core on a shared machine does not inflate as it does the wall time.
+  std::optional<double> cpu_median_s;
 };
 
 struct ThroughputFigures {

@@ -64,11 +64,18 @@ class MetaDevice final : public Device {
   std::unique_ptr<Ops> make_host_ops() const override { return make_dry_run_ops(Backend::cpu); }
   void copy(void*, const void*, std::size_t bytes, CopyKind kind, StreamKind) override {
     count_transfer(kind, bytes);
+    if (kind == CopyKind::device_to_device) return;
+    const std::string& phase = memory_.phase();
+    (phase == "io"          ? copied_inputs
+     : phase == "optimizer" ? copied_optimizer
+                            : copied_passes) += static_cast<std::int64_t>(bytes);
   }
   void synchronize() override {}
   void synchronize(StreamKind) override {}
   std::unique_ptr<Event> make_event() override { return std::make_unique<MetaEvent>(); }
   void wait(StreamKind, Event&) override {}
+
+  std::int64_t copied_inputs = 0, copied_passes = 0, copied_optimizer = 0;  // by phase
 
  private:
   Backend backend_;
@@ -90,6 +97,7 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
     for (int i = 0; i < warmup; ++i) trainer.step();
     dev.memory().reset_peak();
     dev.pinned().reset_peak();
+    dev.copied_inputs = dev.copied_passes = dev.copied_optimizer = 0;
     trainer.step();
   } catch (const OutOfMemory& oom) {
     e.fits = false;
@@ -100,6 +108,9 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   e.peak_reserved = s.reserved.peak;
   e.host_pinned_peak = dev.pinned().stats().allocated.peak;
   e.breakdown_at_peak = s.by_category_at_peak;
+  e.copied_inputs = dev.copied_inputs;
+  e.copied_passes = dev.copied_passes;
+  e.copied_optimizer = dev.copied_optimizer;
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return e;
 }

@@ -28,6 +28,10 @@ struct MemoryEstimate {
   std::int64_t peak_reserved = 0;
   std::int64_t host_pinned_peak = 0;
   std::array<std::int64_t, kNumCategories> breakdown_at_peak{};
+  // Host<->device bytes the measured step copies, both directions, by the Trainer's phase: the
+  // input batches ("io"), the passes (offloaded activations, streamed weights) and the optimizer
+  // phase (offloaded optimizer: grads out, weights back). advise's cost model prices them.
+  std::int64_t copied_inputs = 0, copied_passes = 0, copied_optimizer = 0;
   bool fits = true;         // within capacity (when one is given)
   std::string oom_message;  // the allocator's message when it does not fit
   double seconds = 0;       // how long the estimate took

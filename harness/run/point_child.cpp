@@ -117,7 +117,7 @@ PointRow run_point_row(const PointJob& job) {
     dev = make_device(job.backend, options);
     model = make_model(cfg);
     row.config["hyper"] = model->hyper();
-    if (cfg.precision == Precision::tf32 && dev->backend() != Backend::cuda) {
+    if (needs_cuda(cfg) && dev->backend() != Backend::cuda) {
       row.status = "skipped";
       row.error = "precision tf32 needs the cuda backend";
       return row;

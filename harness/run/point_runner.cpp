@@ -5,6 +5,8 @@
 #include <fstream>
 #include <numeric>
 
+#include <time.h>
+
 #include <fmt/format.h>
 
 #include "harness/common/stats.h"
@@ -26,6 +28,16 @@ nlohmann::json breakdown_json(const std::array<std::int64_t, kNumCategories>& by
   return j;
 }
 
+namespace {
+
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+}  // namespace
+
 PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
                            const PointRunOptions& options) {
   PointMeasurement m;
@@ -45,11 +57,13 @@ PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
       dev.memory().enable_trace(true);
       m.trace_live_at_start = dev.memory().stats().by_category;
     }
+    const double cpu0 = process_cpu_seconds();
     start->record(StreamKind::compute);
     StepResult r = trainer.step();
     stop->record(StreamKind::compute);
     stop->synchronize();
     m.samples_s.push_back(stop->seconds_since(*start));
+    m.cpu_samples_s.push_back(process_cpu_seconds() - cpu0);
     if (trace) {
       dev.memory().enable_trace(false);
       m.trace = dev.memory().trace();
@@ -87,7 +101,14 @@ void fill_measurement(PointRow& row, const PointMeasurement& m) {
   mem.device_peak = m.device_peak;
   mem.host_pinned_peak = m.pinned.allocated.peak;
   row.memory = mem;
-  row.time = TimeFigures{m.samples_s, m.median_s, m.p10_s, m.p90_s, m.cv};
+  row.time =
+      TimeFigures{m.samples_s,
+                  m.median_s,
+                  m.p10_s,
+                  m.p90_s,
+                  m.cv,
+                  m.cpu_samples_s.empty() ? std::nullopt
+                                          : std::optional<double>(quantile(m.cpu_samples_s, 0.5))};
   row.throughput =
       ThroughputFigures{m.samples_per_s, m.tokens_per_s, m.flops_per_step,
                         m.median_s > 0 ? m.flops_per_step / m.median_s / 1e12 : 0.0, std::nullopt};

@@ -24,7 +24,8 @@ struct PointRunOptions {
 };
 
 struct PointMeasurement {
-  std::vector<double> samples_s;  // every measured step
+  std::vector<double> samples_s;      // every measured step
+  std::vector<double> cpu_samples_s;  // the process's CPU time of every measured step
   double median_s = 0, p10_s = 0, p90_s = 0, cv = 0;
   double loss_first = 0, loss_last = 0;
   std::int64_t skipped_steps = 0;

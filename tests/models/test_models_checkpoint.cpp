@@ -1,4 +1,4 @@
-// Memory policies: checkpointing (density, sqrt, selective) and activation offload give
+// Memory policies: checkpointing (density, first, sqrt, selective) and activation offload give
 // bit-identical gradients to the plain run (fp32) and lower peak activation memory; eval mode
 // keeps nothing; bf16 activations take about half the bytes.
 #include <gtest/gtest.h>
@@ -27,6 +27,7 @@ struct Variant {
 const Variant kPlain{"none", {}, false};
 const Variant kVariants[] = {
     {"0.5", {Checkpoint::Kind::density, 0.5}, false},
+    {"first0.5", {Checkpoint::Kind::first, 0.5}, false},
     {"1", {Checkpoint::Kind::density, 1.0}, false},
     {"sqrt", {Checkpoint::Kind::sqrt, 0.0}, false},
     {"selective", {Checkpoint::Kind::selective, 0.0}, false},
@@ -146,7 +147,7 @@ TEST(Policies, GptMiniPeakTable) {
   const RunResult plain = run("gpt-mini", 8, kPlain);
   std::printf("gpt-mini batch 8 max live activation bytes: none %lld\n",
               static_cast<long long>(plain.peak.max_live));
-  std::int64_t half = 0, full = 0;
+  std::int64_t half = 0, first_half = 0, full = 0;
   for (const Variant& v : kVariants) {
     const RunResult r = run("gpt-mini", 8, v);
     std::printf("  %-18s %10lld (%.1f%%), at total peak %lld\n", v.name,
@@ -155,9 +156,12 @@ TEST(Policies, GptMiniPeakTable) {
                 static_cast<long long>(r.peak.at_peak));
     EXPECT_LT(r.peak.max_live, plain.peak.max_live) << v.name;
     if (std::string_view(v.name) == "0.5") half = r.peak.max_live;
+    if (std::string_view(v.name) == "first0.5") first_half = r.peak.max_live;
     if (std::string_view(v.name) == "1") full = r.peak.max_live;
   }
   EXPECT_LT(full, half);
+  // The same number of blocks recomputed, the first ones: their activations were held longest.
+  EXPECT_LT(first_half, half);
 }
 
 TEST(EvalMode, SameLossNothingKeptLowerPeak) {

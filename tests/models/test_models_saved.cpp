@@ -31,6 +31,23 @@ TEST(CheckpointPlan, DensityIsEvenlySpaced) {
   EXPECT_THROW(plan(1.5, 4), std::invalid_argument);
 }
 
+TEST(CheckpointPlan, FirstRecomputesTheFirstBlocks) {
+  auto plan = [](double d, int n) { return CheckpointPlan::make({Checkpoint::Kind::first, d}, n); };
+  EXPECT_EQ(recomputed_blocks(plan(0.5, 4), 4), (std::vector<int>{0, 1}));
+  EXPECT_EQ(recomputed_blocks(plan(0.25, 12), 12), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(recomputed_blocks(plan(0.5, 3), 3), (std::vector<int>{0, 1}));  // round(1.5) = 2
+  EXPECT_EQ(recomputed_blocks(plan(0.0, 4), 4), (std::vector<int>{}));
+  EXPECT_EQ(recomputed_blocks(plan(1.0, 4), 4), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(plan(0.75, 4).segments.size(), 4u);  // each recomputed block its own segment
+  EXPECT_THROW(plan(1.5, 4), std::invalid_argument);
+  // Spelling: "first" + the density, both ways.
+  EXPECT_EQ(Checkpoint::parse("first0.5"), (Checkpoint{Checkpoint::Kind::first, 0.5}));
+  EXPECT_EQ((Checkpoint{Checkpoint::Kind::first, 0.25}).str(), "first0.25");
+  EXPECT_FALSE(Checkpoint::parse("first"));
+  EXPECT_FALSE(Checkpoint::parse("first1.5"));
+  EXPECT_FALSE(Checkpoint::parse("firstsqrt"));
+}
+
 TEST(CheckpointPlan, SqrtSegments) {
   auto p = CheckpointPlan::make({Checkpoint::Kind::sqrt, 0.0}, 12);  // ⌈√12⌉ = 4
   ASSERT_EQ(p.segments.size(), 3u);

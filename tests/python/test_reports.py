@@ -256,9 +256,10 @@ def test_grid_draws_every_chart(reports):
     drawn = {c.key for c in charts if c.files}
     assert drawn == {"frontier", "knob-effects", "breakdown", "checkpoint", "batch", "predicted", "timeline",
                      "history", "compare"}, [(c.key, c.skipped) for c in charts]
+    assert next(c for c in charts if c.key == "inference").skipped  # the fixture has no eval point
     for c in charts:
-        if c.key not in drawn:  # the fixture grid has no sequence-length sweep
-            assert c.key == "seq-len" and c.skipped, (c.key, c.skipped)
+        if c.key not in drawn:  # the fixture grid has no eval point and no sequence-length sweep
+            assert c.key in ("inference", "seq-len") and c.skipped, (c.key, c.skipped)
             continue
         assert sorted(pathlib.Path(f).suffix for f in c.files) == [".png", ".svg"]
         for f in c.files:
@@ -409,6 +410,67 @@ def test_crowded_grid_is_limited(tmp_path):
     assert len(bd.rows) == C.MAX_BARS
     front_labels = {A.compact_label(pts[i]["config"], A.label_knobs(pts)) for i in A.pareto_front(pts)}
     assert front_labels <= {r[0] for r in bd.rows}
+
+
+# ---------------------------------------------------------------------------------------------
+# Inference points and labels (what the page showed when opened in a browser)
+
+
+def test_eval_points_get_their_own_panel(tmp_path):
+    base = mk(model="m", peak=10 * A.MiB, thr=100.0)
+    ck = mk(model="m", peak=8 * A.MiB, thr=80.0, checkpoint="1")
+    ev = mk(model="m", peak=2 * A.MiB, thr=340.0, mode="eval")  # on a shared frontier it would rule
+    pts = [base, ck, ev]
+    fr = C.frontier(pts, {"capacity": None}, tmp_path, ["png"])
+    assert all("eval" not in r[2] for r in fr.rows), fr.rows
+    assert len(fr.rows) == 2 and any("inference" in n for n in fr.notes)
+    ke = C.knob_effects(pts, tmp_path, ["png"])
+    assert [r[1] for r in ke.rows] == ["checkpoint"], ke.rows  # no -240 % mode row
+    inf = C.inference(pts, tmp_path, ["png"])
+    assert inf.files and len(inf.rows) == 1
+    assert inf.rows[0][0] == "m b8 eval" and inf.rows[0][3] == "m b8"
+    check_image(tmp_path / inf.files[0])
+    assert C.inference([base, ck], tmp_path, ["png"]).skipped
+
+
+def test_frontier_labels_name_every_knob_turned(tmp_path):
+    # One point per model: nothing varies along the fronts, yet the turned knob is named.
+    a = mk(model="a", peak=4 * A.MiB, thr=50.0, offload="optimizer")
+    b = mk(model="b", peak=9 * A.MiB, thr=30.0)
+    fr = C.frontier([a, b], {"capacity": None}, tmp_path, ["png"])
+    labels = {r[1]: r[2] for r in fr.rows}
+    assert labels["a"] == "off-optimizer" and labels["b"] == "b"
+    assert A.turned_label(a["config"], b["config"]) == "a off-optimizer"
+    assert A.turned_label(b["config"], b["config"]) == "as is"
+
+
+# ---------------------------------------------------------------------------------------------
+# memtrade advise --json: the frontier chart with the capacity line and the chosen point
+
+
+def test_advise_chart_from_real_output(memtrade_bin, tmp_path):
+    out = subprocess.run([memtrade_bin, "advise", "--backend", "cpu", "--model", "gpt-tiny", "--capacity", "2MiB",
+                          "--steps", "2", "--threads", "1", "--calibration", str(tmp_path / "cal.json"), "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "advise.json").write_text(out.stdout)
+    charts = build_report([], tmp_path / "page", advise=[str(tmp_path / "advise.json")], formats=["png"],
+                          strict=True)
+    (c,) = charts
+    assert c.key == "advise" and c.files and c.rows
+    check_image(tmp_path / "page" / c.files[0])
+    doc = json.loads(out.stdout)
+    assert sum("(recommended)" in r[4] for r in c.rows) == (1 if any(
+        p["id"] == doc["recommended"]["id"] for p in doc["frontier"]) else 0)
+    assert any(n.startswith("Recommended:") for n in c.notes)
+    assert (tmp_path / "page" / "index.html").read_text().count("advise.png") >= 1
+    # Through the CLI, next to a results file; and bad input is exit 2.
+    r = subprocess.run([sys.executable, "-m", "reports", "--advise", str(tmp_path / "missing.json"), "-o",
+                        str(tmp_path / "x")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "no such file" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "reports", "-o", str(tmp_path / "x")], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 2
 
 
 def test_seq_len_curve_measured_and_predicted(tmp_path):

@@ -82,3 +82,23 @@ def test_trace_estimate_and_fit_validate(memtrade_bin, tmp_path):
 
 def test_files_written_before_this_version_still_validate():
     validate("results", json.loads((ROOT / "ci" / "baselines" / "cpu-smoke.json").read_text()))
+
+
+def test_advise_validates(memtrade_bin, tmp_path):
+    cal = str(tmp_path / "cal.json")
+    common = ["advise", "--backend", "cpu", "--model", "gpt-tiny", "--steps", "2", "--threads", "1",
+              "--calibration", cal, "--json"]
+    doc = json.loads(run(memtrade_bin, *common, "--capacity", "2MiB", "--confirm", "1"))
+    validate("advise", doc)
+    assert doc["recommended"]["config"]["hyper"]["num_params"] and doc["confirmed"][0]["status"] == "ok"
+    none = json.loads(run(memtrade_bin, *common, "--capacity", "300KiB", ok=(1,)))
+    validate("advise", none)
+    assert none["recommended"] is None and none["nothing_fits"]["changes"]
+    bad = json.loads(json.dumps(doc))
+    del bad["recommended"]["config"]["batch_size"]
+    with pytest.raises(jsonschema.ValidationError):  # a recommendation one could not run again
+        validate("advise", bad)
+    bad = json.loads(json.dumps(doc))
+    bad["recommended"]["fits"] = False
+    with pytest.raises(jsonschema.ValidationError):
+        validate("advise", bad)
