@@ -71,14 +71,38 @@ class F32Out {
   float* p_ = nullptr;
 };
 
-// Runs f(off, len) over [0, n) in kChunk pieces, in parallel when n is large enough.
+// Work (elements touched) below which an op stays on the calling thread, as PyTorch's
+// at::internal::GRAIN_SIZE: with OMP_WAIT_POLICY=passive every parallel region wakes the other
+// threads through the kernel, which costs more than a few thousand element operations, and
+// far more on a loaded machine, where the woken thread may wait for a core.
+inline constexpr std::int64_t kParallelGrain = 32768;
+
+// Runs f(off, len) over [0, n) in kChunk pieces, in parallel when n >= kParallelGrain.
 template <typename F>
 void for_chunks(std::int64_t n, F&& f) {
   const std::int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks > 1)
+#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t off = c * kChunk;
     f(off, n - off < kChunk ? n - off : kChunk);
+  }
+}
+
+// Columns per block of the column-wise reductions (bias and norm parameter gradients): small
+// enough that a GPT's 64..768 columns make several blocks for the threads, wide enough for
+// vector loops. Each column is summed over the rows in order by one thread, so the result is
+// the same for any block size or thread count.
+inline constexpr std::int64_t kColumnBlock = 64;
+
+// Runs f(col0, ncols) over the column blocks of a (rows, cols) reduction, in parallel when
+// rows·cols >= kParallelGrain.
+template <typename F>
+void for_column_blocks(std::int64_t rows, std::int64_t cols, F&& f) {
+  const std::int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelGrain)
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int64_t c0 = b * kColumnBlock;
+    f(c0, cols - c0 < kColumnBlock ? cols - c0 : kColumnBlock);
   }
 }
 
