@@ -143,15 +143,20 @@ void round_f32(float* v, std::int64_t n, DType t) {
   }
 }
 
-// Serial on purpose: these feed or drain an OpenBLAS GEMM (O(n) next to O(n·k)), and an OpenMP
-// region right before a threaded OpenBLAS call leaves the two thread pools spinning against
-// each other on the same cores (measured: a 256³ bf16 GEMM went from ~1 ms to ~50 ms).
+// In kChunk pieces over the threads for large tensors (inside a parallel region: on this
+// thread). These feed or drain GEMMs, which sgemm runs on the same OpenMP threads (it never
+// leaves a GEMM to OpenBLAS's own threading, which once made such a region right before it
+// cost 50x: cpu_ops_gemm.cpp).
 void convert_to_f32(const void* src, DType t, std::int64_t n, float* dst) {
-  to_f32_serial(src, t, n, dst);
+  for_chunks(n, [&](std::int64_t off, std::int64_t len) {
+    to_f32_serial(byte_ptr(src, t, off), t, len, dst + off);
+  });
 }
 
 void convert_from_f32(const float* src, DType t, std::int64_t n, void* dst) {
-  from_f32_serial(src, t, n, dst);
+  for_chunks(n, [&](std::int64_t off, std::int64_t len) {
+    from_f32_serial(src + off, t, len, const_cast<unsigned char*>(byte_ptr(dst, t, off)));
+  });
 }
 
 F32In::F32In(const Tensor& t, CachingAllocator& alloc) {

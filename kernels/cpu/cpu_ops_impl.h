@@ -41,7 +41,7 @@ float* dest_f32(Tensor& t, std::int64_t off, float* buf);
 void write_f32(Tensor& t, std::int64_t off, std::int64_t n, const float* src);
 // v[0..n) rounded in place to the precision of float dtype t (through its storage format).
 void round_f32(float* v, std::int64_t n, DType t);
-// Bulk conversions between any float storage and fp32 (serial: see cpu_ops.cpp).
+// Bulk conversions between any float storage and fp32 (over the threads when large).
 void convert_to_f32(const void* src, DType t, std::int64_t n, float* dst);
 void convert_from_f32(const float* src, DType t, std::int64_t n, void* dst);
 
@@ -109,6 +109,9 @@ void for_column_blocks(std::int64_t rows, std::int64_t cols, F&& f) {
 // ---- GEMM ---------------------------------------------------------------------------------------
 // Row-major C (M, N) = alpha · op(A) · op(B) + beta · C with leading dimensions as in cblas.
 // OpenBLAS when available, else blocked_sgemm. Inside a parallel region only if sgemm_nests().
+// Outside one, a GEMM of 2^18 multiply-adds or more is split into one block of C's rows (or
+// columns) per thread, each a single-threaded OpenBLAS call (cpu_ops_gemm.cpp says why); so, as
+// with OpenBLAS's own threading, how a sum is rounded depends on the thread count.
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
            const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
            std::int64_t ldc);
