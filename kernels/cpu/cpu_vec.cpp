@@ -1,7 +1,9 @@
 // kernels/cpu/cpu_vec.h: cpu_vec_kernels.inc compiled for SSE2, AVX2 and AVX-512F, and the
 // run-time choice between them. Compiled with -ffp-contract=off (AVX-512F brings FMA, which
-// would otherwise fuse a·b + c on that path only) and -fno-trapping-math (lets GCC turn the
-// clamps' selects into vector blends; no value changes) (kernels/CMakeLists.txt).
+// would otherwise fuse a·b + c on that path only; the optimizer's arithmetic must not fuse on
+// any), -fno-trapping-math (lets GCC turn the clamps' selects into vector blends) and
+// -fno-math-errno (lets sqrt vectorise); neither of the last two changes a value
+// (kernels/CMakeLists.txt).
 #include "kernels/cpu/cpu_vec.h"
 
 #include <atomic>
@@ -9,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
+
+#include "kernels/optimizer_math.h"
 
 namespace memtrade::cpu::vec {
 
@@ -133,6 +137,11 @@ void layernorm_backward_sums(const float* x, const float* g, const float* w, flo
 void batchnorm_backward_sums(const float* x, const float* g, float mu, float rs, std::int64_t n,
                              double& sum_g, double& sum_gx) {
   MEMTRADE_VEC_DISPATCH(batchnorm_backward_sums(x, g, mu, rs, n, sum_g, sum_gx));
+}
+void optimizer_step(const OptimizerScalars& a, const float* p_in, const float* g,
+                    const float* s0_in, const float* s1_in, float* p, float* s0, float* s1,
+                    std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(optimizer_step(a, p_in, g, s0_in, s1_in, p, s0, s1, n));
 }
 
 }  // namespace memtrade::cpu::vec

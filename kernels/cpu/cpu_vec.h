@@ -17,6 +17,10 @@
 
 #include <cstdint>
 
+namespace memtrade {
+struct OptimizerScalars;  // kernels/optimizer_math.h
+}  // namespace memtrade
+
 namespace memtrade::cpu::vec {
 
 enum class Isa : std::uint8_t { sse2, avx2, avx512 };
@@ -61,6 +65,14 @@ double sum_sq_dev(const float* x, double mu, std::int64_t n);
 // double.
 void layernorm_backward_sums(const float* x, const float* g, const float* w, float mu, float rs,
                              std::int64_t n, double& dnorm, double& dnorm_norm);
+// One optimizer step on n elements, kernels/optimizer_math.h's element arithmetic for a.kind
+// (one IEEE rounding per operation, on every path): p, s0, s1 receive the new parameter and
+// states from p_in, the gradient g and s0_in, s1_in (read for every kind: zeros where it has no
+// state). Each output may alias its input at the same index.
+void optimizer_step(const OptimizerScalars& a, const float* p_in, const float* g,
+                    const float* s0_in, const float* s1_in, float* p, float* s0, float* s1,
+                    std::int64_t n);
+
 // Batch-norm backward's channel sums: Σ g and Σ g·((x − mu)·rs) (fp32 terms, double sums),
 // added to sum_g and sum_gx.
 void batchnorm_backward_sums(const float* x, const float* g, float mu, float rs, std::int64_t n,

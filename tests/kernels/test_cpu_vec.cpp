@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/cpu_vec.h"
+#include "kernels/optimizer_math.h"
 #include "tests/kernels/test_cpu_ops_common.h"
 
 namespace memtrade::test {
@@ -126,6 +127,44 @@ TEST_F(VecTest, EveryPathGivesTheSameBits) {
           return out;
         },
         "sums" + at);
+  }
+}
+
+// The optimizer's element arithmetic (kernels/optimizer_math.h) vectorised: every kind, every
+// path, the same bits as SSE2, and as the scalar template itself.
+TEST_F(VecTest, OptimizerStepIsTheScalarArithmeticOnEveryPath) {
+  const std::size_t n = 1003;
+  const auto p = rand_vec(n, 41), g = rand_vec(n, 42), s0 = rand_vec(n, 43, 0.1f);
+  auto s1 = rand_vec(n, 44, 0.01f);
+  for (auto& v : s1) v = std::fabs(v);
+  for (OptimizerKind kind :
+       {OptimizerKind::sgd, OptimizerKind::sgd_momentum, OptimizerKind::adam, OptimizerKind::adamw,
+        OptimizerKind::adagrad, OptimizerKind::rmsprop}) {
+    OptimizerHyper h;
+    h.kind = kind;
+    h.lr = 0.01f;
+    h.weight_decay = 0.1f;
+    h.step = 3;
+    h.grad_scale = 0.5f;
+    const OptimizerScalars a = optimizer_scalars(h);
+    auto run = [&] {
+      std::vector<float> out(3 * n);
+      vec::optimizer_step(a, p.data(), g.data(), s0.data(), s1.data(), out.data(), out.data() + n,
+                          out.data() + 2 * n, static_cast<std::int64_t>(n));
+      return out;
+    };
+    expect_same_bits_on_every_path(paths(), run,
+                                   "optimizer kind " + std::to_string(static_cast<int>(kind)));
+    const auto got = run();
+    dispatch_optimizer(kind, [&](auto k) {
+      for (std::size_t i = 0; i < n; ++i) {
+        float m0 = s0[i], m1 = s1[i];
+        const float w = optimizer_element<decltype(k)::value>(a, p[i], g[i], m0, m1);
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(w)) << i;
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(got[n + i]), std::bit_cast<std::uint32_t>(m0));
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(got[2 * n + i]), std::bit_cast<std::uint32_t>(m1));
+      }
+    });
   }
 }
 
