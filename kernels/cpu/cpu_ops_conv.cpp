@@ -103,12 +103,13 @@ FlatRow flat_row(const ConvDims& d, std::int64_t ky, std::int64_t kx) {
 
 // Sets the wrapped columns (outside r.ox) of positions [a, b) of a flat row to 0.
 void zero_wrapped(const ConvDims& d, const FlatRow& r, std::int64_t a, std::int64_t b, float* row) {
-  if (r.ox.lo == 0 && r.ox.hi == d.ow) return;
-  for (std::int64_t oy = a / d.ow; oy * d.ow < b; ++oy) {
-    const std::int64_t s = oy * d.ow;
-    for (std::int64_t p = std::max(a, s); p < std::min(b, s + r.ox.lo); ++p) row[p] = 0.0f;
-    for (std::int64_t p = std::max(a, s + r.ox.hi); p < std::min(b, s + d.ow); ++p) row[p] = 0.0f;
-  }
+  // Column by column (|pad − kx| of them, usually one), strided by a row.
+  auto column = [&](std::int64_t c) {
+    const std::int64_t first = a + ((c - a % d.ow) % d.ow + d.ow) % d.ow;  // >= a, column c
+    for (std::int64_t p = first; p < b; p += d.ow) row[p] = 0.0f;
+  };
+  for (std::int64_t c = 0; c < r.ox.lo; ++c) column(c);
+  for (std::int64_t c = r.ox.hi; c < d.ow; ++c) column(c);
 }
 
 // Rows [k0, k1) and columns [p0, p1) of col (K, P) for image `img`:
@@ -118,13 +119,19 @@ void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, std::int64_t
   const bool f32 = inp.dtype() == DType::F32;
   const bool flat = f32 && flat_rows(d);
   const std::int64_t base = img * d.ci * d.h * d.w;
+  // The flat rows of every kernel tap once, when there are few taps (3x3: 9).
+  constexpr std::int64_t kMaxTaps = 25;
+  const bool taps_cached = flat && d.kh * d.kw <= kMaxTaps;
+  FlatRow taps[kMaxTaps];
+  if (taps_cached)
+    for (std::int64_t t = 0; t < d.kh * d.kw; ++t) taps[t] = flat_row(d, t / d.kw, t % d.kw);
   // Row k is (ci, ky, kx), kx fastest: stepped along instead of divided out per row.
   std::int64_t ci = k0 / (d.kh * d.kw), ky = (k0 / d.kw) % d.kh, kx = k0 % d.kw;
   for (std::int64_t k = k0; k < k1; ++k) {
     float* row = col + k * d.p();
     const OxRange ox = valid_ox(d, kx);
     if (flat) {
-      const FlatRow r = flat_row(d, ky, kx);
+      const FlatRow r = taps_cached ? taps[ky * d.kw + kx] : flat_row(d, ky, kx);
       const float* plane = inp.as<float>() + base + ci * d.h * d.w;
       const std::int64_t a = std::clamp(r.src0, p0, p1), b = std::clamp(r.src1, a, p1);
       std::fill(row + p0, row + a, 0.0f);
