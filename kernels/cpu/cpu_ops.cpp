@@ -9,6 +9,7 @@
 #endif
 
 #include "kernels/cpu/cpu_ops_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 
 namespace memtrade {
 
@@ -62,11 +63,9 @@ void to_f32_serial(const void* src, DType t, std::int64_t n, float* dst) {
     case DType::F32:
       std::memcpy(dst, src, static_cast<std::size_t>(n) * 4);
       break;
-    case DType::BF16: {
-      const auto* s = static_cast<const std::uint16_t*>(src);
-      for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i]);
+    case DType::BF16:
+      vec::bf16_to_f32(static_cast<const std::uint16_t*>(src), dst, n);
       break;
-    }
     case DType::F16: {
       const auto* s = static_cast<const std::uint16_t*>(src);
       if (has_f16c()) {
@@ -89,11 +88,9 @@ void from_f32_serial(const float* src, DType t, std::int64_t n, void* dst) {
     case DType::F32:
       std::memmove(dst, src, static_cast<std::size_t>(n) * 4);
       break;
-    case DType::BF16: {
-      auto* d = static_cast<std::uint16_t*>(dst);
-      for (std::int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
+    case DType::BF16:
+      vec::f32_to_bf16(src, static_cast<std::uint16_t*>(dst), n);
       break;
-    }
     case DType::F16: {
       auto* d = static_cast<std::uint16_t*>(dst);
       if (has_f16c()) {

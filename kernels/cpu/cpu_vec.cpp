@@ -138,6 +138,12 @@ void batchnorm_backward_sums(const float* x, const float* g, float mu, float rs,
                              double& sum_g, double& sum_gx) {
   MEMTRADE_VEC_DISPATCH(batchnorm_backward_sums(x, g, mu, rs, n, sum_g, sum_gx));
 }
+void bf16_to_f32(const std::uint16_t* src, float* dst, std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(bf16_to_f32(src, dst, n));
+}
+void f32_to_bf16(const float* src, std::uint16_t* dst, std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(f32_to_bf16(src, dst, n));
+}
 void optimizer_step(const OptimizerScalars& a, const float* p_in, const float* g,
                     const float* s0_in, const float* s1_in, float* p, float* s0, float* s1,
                     std::int64_t n) {

@@ -65,6 +65,11 @@ double sum_sq_dev(const float* x, double mu, std::int64_t n);
 // double.
 void layernorm_backward_sums(const float* x, const float* g, const float* w, float mu, float rs,
                              std::int64_t n, double& dnorm, double& dnorm_norm);
+// bfloat16 <-> fp32, the bits of kernels/dtype.h's bf16_to_float and float_to_bf16 (round to
+// nearest even; a NaN stays a quiet NaN with its sign and top payload bits).
+void bf16_to_f32(const std::uint16_t* src, float* dst, std::int64_t n);
+void f32_to_bf16(const float* src, std::uint16_t* dst, std::int64_t n);
+
 // One optimizer step on n elements, kernels/optimizer_math.h's element arithmetic for a.kind
 // (one IEEE rounding per operation, on every path): p, s0, s1 receive the new parameter and
 // states from p_in, the gradient g and s0_in, s1_in (read for every kind: zeros where it has no

@@ -168,6 +168,31 @@ TEST_F(VecTest, OptimizerStepIsTheScalarArithmeticOnEveryPath) {
   }
 }
 
+// bfloat16 conversions: dtype.h's bits for every path, over a sweep of all float bit patterns
+// (NaNs with payloads, infinities, subnormals, ties) and every bfloat16.
+TEST_F(VecTest, Bf16ConversionsAreDtypeHsOnEveryPath) {
+  std::vector<float> f;
+  for (std::uint64_t b = 0; b <= 0xffffffffull; b += 65521) {
+    f.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(b)));
+    f.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(b) | 0x8000u));  // a tie
+  }
+  std::vector<std::uint16_t> h(65536);
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<std::uint16_t>(i);
+  for (vec::Isa p : paths()) {
+    vec::set_isa(p);
+    std::vector<std::uint16_t> got(f.size());
+    vec::f32_to_bf16(f.data(), got.data(), static_cast<std::int64_t>(f.size()));
+    std::vector<float> back(h.size());
+    vec::bf16_to_f32(h.data(), back.data(), static_cast<std::int64_t>(h.size()));
+    int bad = 0;
+    for (std::size_t i = 0; i < f.size(); ++i) bad += got[i] != float_to_bf16(f[i]);
+    for (std::size_t i = 0; i < h.size(); ++i)
+      bad += std::bit_cast<std::uint32_t>(back[i]) !=
+             std::bit_cast<std::uint32_t>(bf16_to_float(h[i]));
+    EXPECT_EQ(bad, 0) << vec::isa_name(p);
+  }
+}
+
 // ulps between a float and the double it approximates.
 double ulps(float got, double want) {
   const float w = static_cast<float>(want);
