@@ -52,7 +52,11 @@ run: build
 	    --title "memtrade $$grid grid" && echo "report: out/report/index.html"; \
 	  exit $$rc
 
-# The docs page: ci/grids/docs.toml on the CPU, charts and index in docs/ (committed).
+# The docs page: ci/grids/docs.toml on the CPU, charts and index in docs/ (committed), the
+# knob table of docs/design.md, and docs/pytorch.md (memtrade's memory against PyTorch's).
+PYTORCH_POINTS := $(shell for m in gpt-mini:8 gpt-small:8 mlp-small:8 cnn-small:8; do \
+  for c in 0 1 0.5 sqrt selective; do printf '%s:%s,%s:%s:bf16:torch-cpu,' $$m $$c $$m $$c; done; \
+  done; printf 'llama-mini:8:0,llama-mini:8:1,llama-mini:8:0:bf16:torch-cpu')
 docs: build
 	@$(PYTHON) ci/knob_table_doc.py $(BUILD)/memtrade docs/design.md
 	@./$(BUILD)/memtrade run --grid ci/grids/docs.toml --backend cpu --out docs/results-cpu.json
@@ -61,6 +65,8 @@ docs: build
 	    --trace docs/trace-cpu.json --out /tmp/memtrade-docs-trace-point.json
 	@./$(BUILD)/memtrade report docs/results-cpu.json --trace docs/trace-cpu.json -o docs \
 	  --title "memtrade trade-offs (CPU backend, $$(nproc) cores)"
+	@$(PYTHON) bench/peers/saved_bytes.py --memtrade $(BUILD)/memtrade --no-mallinfo \
+	  --markdown docs/pytorch.md --points $(PYTORCH_POINTS) > /dev/null
 
 bench: build
 	@for b in $(BUILD)/bench/*; do $$b --benchmark_min_time=0.2 || exit 1; done

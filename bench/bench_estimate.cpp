@@ -21,14 +21,15 @@
 namespace memtrade {
 namespace {
 
-// One row per benchmark. A model is its name in make_model() (its sequence length is part of
-// it); the point is batch 8, accumulation 1, the CUDA target's memory model.
+// One row per benchmark. A model is its name in make_model(), trained at seq_len (0: its own
+// positions); the point is batch 8, accumulation 1, the CUDA target's memory model.
 struct Case {
   const char* name;  // benchmark name suffix
   const char* model;
   Precision precision = Precision::bf16;
   OptimizerKind optimizer = OptimizerKind::adam;
   const char* fit_capacity = nullptr;  // fit: the card to search the batch size for
+  std::int64_t seq_len = 0;
 };
 
 constexpr Case kCases[] = {
@@ -36,7 +37,7 @@ constexpr Case kCases[] = {
     {"gpt2_124m", "gpt2-124m"},
     {"gpt2_350m", "gpt2-350m"},
     {"gpt2_1558m", "gpt2-1558m"},
-    // Llama-3-8B, once make_model() knows it: {"llama3_8b", "<its model name>"},
+    {"llama3_8b", "llama3-8b", Precision::bf16, OptimizerKind::adam, nullptr, 4096},
     {"fit_gpt2_124m_h100", "gpt2-124m", Precision::bf16, OptimizerKind::adam, "h100"},
 };
 
@@ -62,6 +63,7 @@ void BM_Estimate(benchmark::State& state, const Case& c) {
   cfg.batch_size = 8;
   cfg.precision = c.precision;
   cfg.optimizer = c.optimizer;
+  cfg.seq_len = c.seq_len;
   const std::size_t capacity = c.fit_capacity ? parse_capacity(c.fit_capacity).value() : 0;
   state.counters["rss_per_case"] = reset_peak_rss() ? 1 : 0;
   double result = 0;

@@ -90,7 +90,8 @@ void HostProvider::release(void* ptr, std::size_t /*bytes*/) noexcept {
 
 namespace {
 constexpr std::array<std::string_view, kNumCategories> kCategoryNames = {
-    "params", "master", "grads", "optimizer", "activations", "temporaries", "workspace", "io"};
+    "params",      "master",      "casts",     "grads", "optimizer",
+    "activations", "temporaries", "workspace", "io"};
 }
 
 std::string_view category_name(Category c) {

@@ -32,9 +32,13 @@
 namespace memtrade {
 
 // What a block holds. Every allocation carries one; the breakdown at peak is by category.
+// `casts`: autocast's 16-bit copies of fp32 weights, made once per forward and kept until the
+// backward that uses them (models/param_store.h), apart from `params` so that breakdowns show
+// what autocast costs over the weights themselves.
 enum class Category : std::uint8_t {
   params,
   master,
+  casts,
   grads,
   optimizer,
   activations,
@@ -42,7 +46,7 @@ enum class Category : std::uint8_t {
   workspace,
   io,
 };
-inline constexpr std::size_t kNumCategories = 8;
+inline constexpr std::size_t kNumCategories = 9;
 std::string_view category_name(Category c);
 std::optional<Category> category_from_name(std::string_view name);
 

@@ -193,9 +193,10 @@ class Ops {
                                         int n_kv_head) = 0;
 
   // ---- embeddings and loss -------------------------------------------------------------------
-  // tokens (B, T) I32; wte (V, C); wpe (maxT, C) -> out (B, T, C) = wte[tokens] + wpe[t].
+  // tokens (B, T) I32; wte (V, C); wpe (maxT, C) -> out (B, T, C) = wte[tokens] + wpe[t]. wpe
+  // may be nullptr (a model without learned positions, Llama): out = wte[tokens].
   virtual void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                 const Tensor& wpe) = 0;
+                                 const Tensor* wpe) = 0;
   // dwte, dwpe (+)= scatter of dout (B, T, C); either may be nullptr.
   virtual void embedding_backward(Tensor* dwte, Tensor* dwpe, const Tensor& dout,
                                   const Tensor& tokens, bool accumulate) = 0;

@@ -25,14 +25,17 @@ constexpr Rule linear_rule(std::string_view source) {
           C::lower,
           D::lower,
           {{K::input_cast, D::lower, "input (for the weight gradient)"},
-           {K::weight_cast, D::lower, "weight (for the input gradient)"}},
+           {K::weight_cast, D::lower,
+            "weight (for the input gradient: not kept when the input needs none, a network's "
+            "first linear; measured, tests/python/test_saved_bytes.py)"}},
           source};
 }
 constexpr Rule conv2d_rule(std::string_view source) {
   return {conv2d,
           C::lower,
           D::lower,
-          {{K::input_cast, D::lower, "input"}, {K::weight_cast, D::lower, "weight"}},
+          {{K::input_cast, D::lower, "input"},
+           {K::weight_cast, D::lower, "weight (kept even where the input needs no gradient)"}},
           source};
 }
 constexpr Rule crossentropy_rule(std::string_view source) {
@@ -57,6 +60,36 @@ constexpr Rule maxpool_rule(std::string_view source) {
           C::input,
           D::input,
           {{K::input, D::input, "input"}, {K::indices, D::i64, "argmax"}},
+          source};
+}
+// HF's LlamaRMSNorm: hidden_states.to(float32) (its own cast, a new tensor for a 16-bit input),
+// pow, mean, rsqrt and the multiply in fp32, .to(input dtype), then weight (fp32) · that, which
+// promotes to fp32. None of these is on an autocast list on either device.
+constexpr SavedTensor kRmsInput{K::input_cast, D::fp32,
+                                "input in fp32 (HF's own .to(float32): a new copy when it arrives "
+                                "in lower), for pow and for the multiply by rsqrt"};
+constexpr SavedTensor kRmsStat{K::stats, D::fp32, "rsqrt(mean(x²) + eps) (rows)"};
+constexpr SavedTensor kRmsNormed{K::intermediate, D::input,
+                                 "the normalised rows (N, C) rounded to the input's dtype: the "
+                                 "weight's multiplicand"};
+// apply_rotary_pos_emb: q·cos + rotate_half(q)·sin (and k), cos and sin made in fp32 outside
+// autocast and cast to q's dtype by LlamaRotaryEmbedding; mul, add, neg and cat are not listed.
+constexpr Rule rope_rule(std::string_view source) {
+  return {rope,
+          C::input,
+          D::input,
+          {{K::intermediate, D::input, "cos (T, hd) in q's dtype: one per forward, every layer's"},
+           {K::intermediate, D::input, "sin (T, hd), likewise"}},
+          source};
+}
+// LlamaMLP's act_fn(gate_proj(x)) · up_proj(x): silu and mul are not listed.
+constexpr Rule swiglu_rule(std::string_view source) {
+  return {swiglu,
+          C::input,
+          D::input,
+          {{K::input, D::input, "gate (N, I): silu's input"},
+           {K::intermediate, D::input, "silu(gate) (N, I): the multiply's other operand"},
+           {K::input, D::input, "up (N, I)"}},
           source};
 }
 constexpr Rule optimizer_rule() {
@@ -112,6 +145,13 @@ constexpr std::array<Rule, kNumOps> kCuda = {{
      "not listed; mean.dim saves only sizes (derivatives.yaml: mean_backward(grad, "
      "self.sym_sizes(), dim, self.sym_numel(), keepdim))"},
     maxpool_rule("not listed"),
+    {rmsnorm,
+     C::fp32,
+     D::fp32,
+     {kRmsInput, kRmsStat, kRmsNormed},
+     "not listed: HF's LlamaRMSNorm casts to fp32 itself; mean.dim saves only sizes"},
+    rope_rule("not listed: mul, add, neg, cat (HF apply_rotary_pos_emb)"),
+    swiglu_rule("not listed: silu, mul"),
     {sum, C::fp32, D::fp32, {}, "AT_FORALL_FP32_SET_OPT_DTYPE: sum"},
     optimizer_rule(),
 }};
@@ -170,14 +210,24 @@ constexpr std::array<Rule, kNumOps> kCpu = {{
      {{K::input, D::input, "input (1.13's mean.dim saves self)"}},
      "not registered; probe"},
     maxpool_rule("not registered; probe"),
+    {rmsnorm,
+     C::fp32,
+     D::fp32,
+     {kRmsInput,
+      {K::intermediate, D::fp32, "x² (N, C): 1.13's mean.dim saves its input"},
+      kRmsStat,
+      kRmsNormed},
+     "not registered for AutocastCPU in 1.13: HF's LlamaRMSNorm casts to fp32 itself; probe"},
+    rope_rule("not registered: mul, add, neg, cat; probe"),
+    swiglu_rule("not registered: silu, mul; probe"),
     {sum, C::input, D::input, {}, "not registered for AutocastCPU in 1.13; probe"},
     optimizer_rule(),
 }};
 
 constexpr std::array<std::string_view, kNumOps> kOpNames = {
-    "matmul",       "linear",  "conv2d", "layernorm", "softmax",   "attention",
-    "crossentropy", "gelu",    "relu",   "add",       "embedding", "batchnorm",
-    "avgpool",      "maxpool", "sum",    "optimizer"};
+    "matmul",  "linear", "conv2d", "layernorm", "softmax",   "attention", "crossentropy",
+    "gelu",    "relu",   "add",    "embedding", "batchnorm", "avgpool",   "maxpool",
+    "rmsnorm", "rope",   "swiglu", "sum",       "optimizer"};
 
 }  // namespace
 
@@ -199,8 +249,64 @@ std::string_view op_name(Op op) {
   return kOpNames[static_cast<std::size_t>(op)];
 }
 
+namespace {
+constexpr std::array<std::string_view, kNumPolicies> kPolicyNames = {"torch-cuda", "torch-cpu"};
+}  // namespace
+
 std::string_view policy_name(Policy policy) {
-  return policy == Policy::torch_cuda ? "torch-cuda" : "torch-cpu";
+  return kPolicyNames.at(static_cast<std::size_t>(policy));
+}
+
+std::optional<Policy> parse_policy(std::string_view name) {
+  for (std::size_t i = 0; i < kNumPolicies; ++i)
+    if (kPolicyNames[i] == name) return static_cast<Policy>(i);
+  return std::nullopt;
+}
+
+std::vector<std::string> policy_names() {
+  return {kPolicyNames.begin(), kPolicyNames.end()};
+}
+
+namespace {
+
+DType widest(DType a, DType b) {
+  return a == DType::F32 || b == DType::F32 ? DType::F32 : a;
+}
+
+}  // namespace
+
+DType Rule::input_dtype(DType lower, DType in, DType other) const {
+  switch (compute) {
+    case Compute::lower:
+      return lower;
+    case Compute::fp32:
+      return DType::F32;
+    case Compute::promote:
+      return widest(in, other);
+    case Compute::input:
+      return in;
+    case Compute::outside:
+      break;
+  }
+  throw std::logic_error(std::string(op_name(op)) + " runs outside autocast: no input dtype");
+}
+
+DType Rule::output_dtype(DType lower, DType in, DType other) const {
+  switch (output) {
+    case Dtype::lower:
+      return lower;
+    case Dtype::fp32:
+      return DType::F32;
+    case Dtype::input:
+      return in;
+    case Dtype::widest:
+      return widest(in, other);
+    case Dtype::i64:
+    case Dtype::boolean:
+    case Dtype::none:
+      break;
+  }
+  throw std::logic_error(std::string(op_name(op)) + " has no floating output");
 }
 
 }  // namespace memtrade::autocast

@@ -1,7 +1,9 @@
 // Autocast policies as data: for each memtrade op kind (kernels/ops.h), the dtype PyTorch's
-// autocast computes it in and what autograd then keeps for backward, in which dtype. This is the
-// target of an autocast-equivalent precision in the engine (not wired in yet); nothing else
-// depends on it.
+// autocast computes it in and what autograd then keeps for backward, in which dtype. The engine
+// follows it for the autocast precisions fp16/bf16 (models/config.h): layers ask LayerCtx
+// (models/layers/context.h) for each op's input and output dtype, which come from
+// Rule::input_dtype/output_dtype below; the `kept` lists document what PyTorch saves and are
+// what tests/python/test_saved_bytes.py holds memtrade's activations to.
 //
 // Two policies:
 //   torch_cuda: CUDA autocast of PyTorch main. The op lists are the AT_FORALL_LOWER_PRECISION_FP,
@@ -29,15 +31,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
+
+#include "kernels/dtype.h"
 
 namespace memtrade::autocast {
 
 // memtrade's op kinds (kernels/ops.h), as the models use them. `attention` is the math path
 // (QKᵀ, scale, causal mask, softmax, ·V: attention_forward); `crossentropy` is log_softmax +
 // nll_loss (crossentropy_forward); `avgpool` is the global average pool (x.mean over H, W);
-// `sum` the loss reduction (sum_to_host); `optimizer` the parameter update.
+// `rmsnorm`, `rope` and `swiglu` are the Llama ops as HF writes them in Python (LlamaRMSNorm,
+// apply_rotary_pos_emb, act_fn(gate) · up); `sum` the loss reduction (sum_to_host);
+// `optimizer` the parameter update.
 enum class Op : std::uint8_t {
   matmul,
   linear,
@@ -53,6 +62,9 @@ enum class Op : std::uint8_t {
   batchnorm,
   avgpool,
   maxpool,
+  rmsnorm,
+  rope,
+  swiglu,
   sum,
   optimizer,
 };
@@ -118,6 +130,13 @@ struct Rule {
     for (const SavedTensor& t : s) saved[num_saved++] = t;  // > kMaxSaved: not a constant
   }
   std::span<const SavedTensor> kept() const { return {saved.data(), num_saved}; }
+
+  // The dtypes the rule gives when the autocast dtype is `lower` and the op's floating inputs
+  // arrive as `in` and `other` (a second floating input where the op has one, else `in`): what
+  // autocast casts those inputs to before the op runs (input_dtype; `in` itself where it does
+  // not cast), and the dtype of the op's output. std::logic_error for `outside` (no dtype).
+  DType input_dtype(DType lower, DType in, DType other) const;
+  DType output_dtype(DType lower, DType in, DType other) const;
 };
 
 // Every op's rule under `policy`, in Op order (rules(p)[i].op == Op(i)).
@@ -125,6 +144,9 @@ std::span<const Rule> rules(Policy policy);
 const Rule& rule(Policy policy, Op op);
 
 std::string_view op_name(Op op);
+// The spellings "torch-cuda" and "torch-cpu" (the --autocast-policy values, models/knobs.h).
 std::string_view policy_name(Policy policy);
+std::optional<Policy> parse_policy(std::string_view name);
+std::vector<std::string> policy_names();
 
 }  // namespace memtrade::autocast

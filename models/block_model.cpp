@@ -57,7 +57,8 @@ Tensor BlockModel::forward(Device& dev, ParamStore& store, const Tensor& input,
   saved_->set_offload(training && options.offload_activations);
   plan_ = training ? CheckpointPlan::make(options.checkpoint, n) : CheckpointPlan::none(n);
 
-  LayerCtx c{dev, store, *saved_, options.act_dtype};
+  store.clear_casts();  // a region starts empty (a forward that threw may have left old casts)
+  LayerCtx c{dev, store, *saved_, options.act_dtype, options.amp};
   c.selective = plan_.selective;
   c.attention = options.attention;
   c.save = training;
@@ -77,7 +78,8 @@ Tensor BlockModel::forward(Device& dev, ParamStore& store, const Tensor& input,
       Tensor y = block_forward(c, i, x);
       store.exit_block(i);
       // A dropped segment keeps only its input: the checkpoint its blocks are re-run from.
-      if (training && (!seg.recompute || i == seg.begin)) saved_->save(i, "x", std::move(x));
+      if (training && (!seg.recompute || i == seg.begin) && !saved_->has(i, "x"))
+        saved_->save(i, "x", std::move(x));
       x = std::move(y);  // eval: the block's input is freed here
       saved_->flush();
     }
@@ -89,6 +91,8 @@ Tensor BlockModel::forward(Device& dev, ParamStore& store, const Tensor& input,
     ScopedRange range(dev, "head");
     return head_forward(c, std::move(x), targets);  // (N) F32
   }();
+  // The autocast region ends: weight casts that no saved tensor holds are freed.
+  store.clear_casts();
   saved_->flush();
   saved_->set_offload(false);
   if (training) {
@@ -105,10 +109,11 @@ void BlockModel::backward(Device& dev, ParamStore& store, float dloss) {
     throw std::logic_error(name() + ": backward() without a training forward()");
   const int n = num_blocks();
   SavedTensors& saved = *saved_;
-  LayerCtx c{dev, store, saved, last_->act_dtype};
+  LayerCtx c{dev, store, saved, last_->act_dtype, last_->amp};
   c.selective = plan_.selective;
   c.attention = last_->attention;
   c.save = true;
+  c.backward = true;
 
   // The segments backward fetches, in order (a recomputed segment: only its input). Fetching
   // one also prefetches the next, so offloaded activations come back one step ahead and their
@@ -150,10 +155,11 @@ void BlockModel::backward(Device& dev, ParamStore& store, float dloss) {
         store.enter_block(i);
         Tensor y = block_forward(c, i, x);
         store.exit_block(i);
-        saved.save(i, "x", std::move(x));
+        if (!saved.has(i, "x")) saved.save(i, "x", std::move(x));
         x = std::move(y);
       }
-      x.reset();  // the segment's output: its consumer kept its own copy
+      x.reset();            // the segment's output: its consumer kept its own copy
+      store.clear_casts();  // the recompute's autocast region ends (its saved casts stay)
       c.recompute = false;
     }
     for (int i = seg->end - 1; i >= seg->begin; --i) {
@@ -162,6 +168,7 @@ void BlockModel::backward(Device& dev, ParamStore& store, float dloss) {
       fetch(i);
       store.enter_block(i);
       block_backward(c, i, dres);
+      store.clear_casts();  // casts a selective recompute made for itself
       store.exit_block(i);
       saved.release(i);
     }

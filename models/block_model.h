@@ -5,10 +5,16 @@
 // writes the three parts' forward and backward. Segments of SavedTensors: -1 the stem, i block i,
 // n the head.
 //
+// Autocast (RunOptions::amp): one forward is one autocast region, and so is each recompute of a
+// checkpointed segment in backward (torch's non-reentrant checkpoint re-enters autocast and casts
+// the weights again); the driver clears the ParamStore's weight-cast cache when a region ends.
+//
 // Protocol of the parts:
 //   - stem_forward returns x0, the first block's input (category activations);
 //   - block_forward(i, x) returns block i's output; the driver, not the block, saves x under
-//     (i, "x") when the block keeps its insides or starts a recomputed segment;
+//     (i, "x") when the block keeps its insides or starts a recomputed segment, unless the block
+//     saved an "x" of its own: a block whose first op reads x through autocast's cast keeps the
+//     cast instead (as autograd keeps it), and a recomputed segment still keeps x itself;
 //   - head_forward takes the last block's output and returns the per-row losses;
 //   - head_backward returns d(last block output); block_backward turns `dres` from
 //     d(block output) into d(block input) in place; stem_backward consumes d(x0).

@@ -73,14 +73,14 @@ void CnnModel::make_batch(std::uint64_t seed, std::int64_t first, std::int64_t b
 namespace {
 
 Tensor relu(LayerCtx& c, const Tensor& x, Category category) {
-  Tensor r = c.dev.empty(x.shape(), c.act, category);
+  Tensor r = c.dev.empty(x.shape(), c.out_dtype(Op::relu, x), category);
   c.ops().relu_forward(r, x);
   return r;
 }
 
 // d(pre-activation) of a ReLU output `r` from d(r).
 Tensor relu_mask(LayerCtx& c, const Tensor& d, const Tensor& r) {
-  Tensor out = c.temp(d.shape());
+  Tensor out = c.temp_like(r);
   c.ops().relu_backward(out, d, r);
   return out;
 }
@@ -90,8 +90,12 @@ Tensor relu_mask(LayerCtx& c, const Tensor& d, const Tensor& r) {
 // ---- forward ------------------------------------------------------------------------------------
 
 Tensor CnnModel::stem_forward(LayerCtx& c, const Tensor& input) {
-  Tensor b = conv_bn_forward(c, input, stem_, Category::temporaries);  // (N, C0, S, S)
-  if (c.save) c.keep("img", copy_for_backward(c, input));  // the conv's weight gradient needs it
+  // The conv's weight gradient needs its input: autocast's 16-bit cast of the image where the
+  // conv reads one (kept, as autograd keeps it), else a copy (the caller may reuse the input).
+  Tensor cast;
+  const Tensor& img = c.cast_input(Op::conv2d, input, cast);
+  Tensor b = conv_bn_forward(c, img, stem_, Category::temporaries);  // (N, C0, S, S)
+  if (c.save) c.keep("img", cast.defined() ? std::move(cast) : copy_for_backward(c, input));
   return relu(c, b, Category::activations);
 }
 
@@ -116,10 +120,11 @@ Tensor CnnModel::block_forward(LayerCtx& c, int block, const Tensor& x) {
 
 Tensor CnnModel::head_forward(LayerCtx& c, Tensor x, const Tensor& targets) {
   const std::int64_t N = x.dim(0), C = x.dim(1);
-  Tensor pooled = c.act_tensor({N, C});  // (N, C)
+  Tensor pooled = c.act_tensor({N, C}, c.out_dtype(Op::avgpool, x));  // (N, C)
   c.ops().global_avgpool_forward(pooled, x);
   c.keep("x", std::move(x));  // the last ReLU output: its mask is applied in head_backward
-  Tensor logits = c.act_tensor({N, cfg_.classes});
+  pooled = c.cast_input(Op::linear, std::move(pooled));
+  Tensor logits = c.act_tensor({N, cfg_.classes}, c.out_dtype(Op::linear, pooled));
   linear_forward(c, logits, pooled, head_);
   c.keep("pooled", std::move(pooled));
   return crossentropy_loss_forward(c, std::move(logits), targets);
@@ -128,13 +133,14 @@ Tensor CnnModel::head_forward(LayerCtx& c, Tensor x, const Tensor& targets) {
 // ---- backward -----------------------------------------------------------------------------------
 
 Tensor CnnModel::head_backward(LayerCtx& c, float dloss) {
-  Tensor dlogits = crossentropy_loss_backward(c, dloss);  // (N, classes)
   const Tensor& pooled = c.get("pooled");
-  Tensor dpooled = c.temp(pooled.shape());
+  Tensor dlogits =
+      crossentropy_loss_backward(c, dloss, c.out_dtype(Op::linear, pooled));  // (N, classes)
+  Tensor dpooled = c.temp_like(pooled);
   linear_backward(c, &dpooled, dlogits, pooled, head_);
   dlogits.reset();
   const Tensor& x = c.get("x");
-  Tensor dx = c.temp(x.shape());
+  Tensor dx = c.temp_like(x);
   c.ops().global_avgpool_backward(dx, dpooled);
   return relu_mask(c, dx, x);
 }
@@ -149,16 +155,16 @@ void CnnModel::block_backward(LayerCtx& c, int block, Tensor& dres) {
     r1_recomputed = relu(c, b1, Category::temporaries);
   }
   const Tensor& r1 = c.has("r1") ? c.get("r1") : r1_recomputed;
-  Tensor dr1 = c.temp(r1.shape());
+  Tensor dr1 = c.temp_like(r1);
   conv_bn_backward(c, &dr1, dres, r1, b.c2);
   Tensor db1 = relu_mask(c, dr1, r1);
   dr1.reset();
   r1_recomputed.reset();
-  Tensor dx = c.temp(x.shape());
+  Tensor dx = c.temp_like(x);
   conv_bn_backward(c, &dx, db1, x, b.c1);
   db1.reset();
   if (b.downsample) {
-    Tensor dsc = c.temp(x.shape());
+    Tensor dsc = c.temp_like(x);
     conv_bn_backward(c, &dsc, dres, x, b.ds);
     c.ops().add_inplace(dx, dsc);
   } else {

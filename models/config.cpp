@@ -29,11 +29,13 @@ std::vector<std::string> names(const std::array<std::pair<std::string_view, E>, 
   return out;
 }
 
-constexpr std::array<std::pair<std::string_view, Precision>, 6> kPrecisions{{
+constexpr std::array<std::pair<std::string_view, Precision>, 8> kPrecisions{{
     {"fp32", Precision::fp32},
     {"tf32", Precision::tf32},
     {"fp16", Precision::fp16},
     {"bf16", Precision::bf16},
+    {"fp16-o2", Precision::fp16_o2},
+    {"bf16-o2", Precision::bf16_o2},
     {"fp16-pure", Precision::fp16_pure},
     {"bf16-pure", Precision::bf16_pure},
 }};
@@ -175,11 +177,13 @@ DType compute_dtype(Precision p) {
   switch (p) {
     case Precision::fp32:
     case Precision::tf32:
+    case Precision::fp16:  // autocast: fp32 weights, 16-bit casts per op
+    case Precision::bf16:
       return DType::F32;
-    case Precision::fp16:
+    case Precision::fp16_o2:
     case Precision::fp16_pure:
       return DType::F16;
-    case Precision::bf16:
+    case Precision::bf16_o2:
     case Precision::bf16_pure:
       return DType::BF16;
   }
@@ -187,10 +191,16 @@ DType compute_dtype(Precision p) {
 }
 
 bool has_master_copy(Precision p) {
-  return p == Precision::fp16 || p == Precision::bf16;
+  return p == Precision::fp16_o2 || p == Precision::bf16_o2;
 }
 bool uses_loss_scaling(Precision p) {
-  return p == Precision::fp16 || p == Precision::fp16_pure;
+  return p == Precision::fp16 || p == Precision::fp16_o2 || p == Precision::fp16_pure;
+}
+
+std::optional<DType> autocast_dtype(Precision p) {
+  if (p == Precision::fp16) return DType::F16;
+  if (p == Precision::bf16) return DType::BF16;
+  return std::nullopt;
 }
 
 }  // namespace memtrade

@@ -13,10 +13,30 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "models/autocast_policy.h"
 
 namespace memtrade {
 
-enum class Precision : std::uint8_t { fp32, tf32, fp16, bf16, fp16_pure, bf16_pure };
+// Precision: how dtypes are chosen for weights, activations and the update.
+//   fp32, tf32: everything fp32 (tf32: tensor-core GEMMs on CUDA).
+//   fp16, bf16: torch.autocast semantics. Weights, grads and the update stay fp32; each op runs
+//     in the dtype the autocast policy (models/autocast_policy.h, TrainConfig::autocast_policy)
+//     gives it, on 16-bit copies of its fp32 inputs where it computes in 16 bits (weights from a
+//     per-forward cast cache, category casts).
+//   fp16-o2, bf16-o2: Apex O2 / Megatron-style mixed precision: 16-bit weights and activations
+//     everywhere, an fp32 master copy for the update.
+//   fp16-pure, bf16-pure: 16-bit weights, activations and optimizer update, no master.
+// fp16 of every kind scales the loss (GradScaler semantics, models/loss_scaler.h).
+enum class Precision : std::uint8_t {
+  fp32,
+  tf32,
+  fp16,
+  bf16,
+  fp16_o2,
+  bf16_o2,
+  fp16_pure,
+  bf16_pure
+};
 enum class Offload : std::uint8_t { none, activations, optimizer, params };
 enum class ZeroGrad : std::uint8_t { set_to_none, zero };
 enum class Mode : std::uint8_t { train, eval };
@@ -25,7 +45,7 @@ enum class InputMemory : std::uint8_t { pinned, pageable };
 
 // Activation checkpointing: a density in [0, 1] (fraction of blocks recomputed, evenly spaced),
 // or sqrt (√n segments: one kept block boundary every ⌈√n⌉ blocks) or selective (recompute only
-// cheap big tensors: attention probabilities and the GELU input).
+// cheap big tensors: attention probabilities and the GELU input or SwiGLU output).
 struct Checkpoint {
   enum class Kind : std::uint8_t { density, sqrt, selective } kind = Kind::density;
   double density = 0.0;
@@ -35,10 +55,18 @@ struct Checkpoint {
 };
 
 struct TrainConfig {
-  std::string model = "mlp-tiny";
+  std::string model = "mlp-tiny";  // a size-table name, with overrides ("llama-tiny:n_layer=4")
+  // A Hugging Face config.json that defines the model instead (models/hf_config.h); "" = none.
+  // model_config_sha256 is its SHA-256, taken when the knob is set: the id tells files apart.
+  std::string model_config;
+  std::string model_config_sha256;
   std::int64_t batch_size = 8;
   std::int64_t accumulation = 1;
   Precision precision = Precision::fp32;
+  // Whose autocast op lists fp16/bf16 follow: PyTorch's CUDA lists (the default on every backend,
+  // so that a CPU run predicts a CUDA run byte for byte) or PyTorch's CPU lists (for proofs
+  // against real PyTorch on a machine without a GPU). Means nothing for other precisions.
+  autocast::Policy autocast_policy = autocast::Policy::torch_cuda;
   Checkpoint checkpoint{};
   OptimizerKind optimizer = OptimizerKind::adam;
   Offload offload = Offload::none;
@@ -83,9 +111,12 @@ std::vector<std::string> empty_cache_names();
 std::vector<std::string> input_names();
 std::vector<std::string> attention_kind_names();
 
-// The storage dtype of weights/activations and whether an fp32 master copy exists.
+// The storage dtype of the weights on the device (and of every activation outside autocast),
+// whether an fp32 master copy exists, and the loss scaling of fp16.
 DType compute_dtype(Precision p);
 bool has_master_copy(Precision p);
 bool uses_loss_scaling(Precision p);
+// The 16-bit dtype of an autocast precision (fp16: F16, bf16: BF16); nullopt for the others.
+std::optional<DType> autocast_dtype(Precision p);
 
 }  // namespace memtrade

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
+#include <variant>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "models/hf_config.h"
 #include "models/model.h"
 
 namespace memtrade {
@@ -60,38 +63,97 @@ Knob count_knob(std::string name, std::string flag, std::string prefix, std::str
   return k;
 }
 
-// The longest sequence of a model (0: it has none); unknown names have none.
-std::int64_t max_seq_len_of(const std::string& model) {
+// The longest sequence of a point's model (0: it has none); unknown models have none.
+std::int64_t max_seq_len_of(TrainConfig c) {
+  c.seq_len = 0;
   try {
-    return make_model(model)->max_seq_len();
+    return make_model(c)->max_seq_len();
   } catch (const std::invalid_argument&) {
     return 0;
   }
 }
 
 bool has_sequence(const TrainConfig& c) {
-  return max_seq_len_of(c.model) > 0;
+  return max_seq_len_of(c) > 0;
 }
 
-std::vector<Knob> make_table() {
-  std::vector<Knob> t;
-
+// The model axis: a listed model, optionally with overrides of its family's hyper-parameters.
+Knob model_knob() {
   Knob model;
   model.name = "model";
   model.flag = "--model";
   model.type = KnobType::text;
   model.workload = true;
-  model.help = "The network (see `memtrade knobs`: gpt-*, mlp-*, cnn-*)";
+  model.help =
+      "The network (see `memtrade knobs`: gpt-*, llama-*, mlp-*, cnn-*); gpt-* and llama-* take "
+      "overrides of their hyper-parameters: llama-tiny:n_layer=4,n_kv_head=1";
   model.choices = [] { return model_names(); };
   model.get = [](const TrainConfig& c) { return c.model; };
+  // A model config file defines the model: its id part (cfg-...) names it, "hf" holds the place.
+  model.id_text = [](const TrainConfig& c) { return c.model_config.empty() ? c.model : "hf"; };
   model.set = [](TrainConfig& c, std::string_view text) -> std::optional<std::string> {
     const auto names = model_names();
-    if (std::find(names.begin(), names.end(), text) == names.end())
+    const std::string_view base = text.substr(0, text.find(':'));
+    if (std::find(names.begin(), names.end(), base) == names.end())
       return fmt::format("unknown value '{}' ({})", text, expected(names));
-    c.model = std::string(text);
+    try {
+      c.model = canonical_model_name(text);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
     return std::nullopt;
   };
-  t.push_back(std::move(model));
+  return model;
+}
+
+// The model_config axis: a Hugging Face config.json defines the model.
+Knob model_config_knob() {
+  Knob k;
+  k.name = "model_config";
+  k.flag = "--model-config";
+  k.id_prefix = "cfg-";
+  k.id_rule = IdRule::non_default;
+  k.type = KnobType::text;
+  k.workload = true;
+  k.help =
+      "A Hugging Face config.json (LlamaForCausalLM or GPT2LMHeadModel) that defines the model, "
+      "instead of --model (left at its default); the id names it by file name and SHA-256";
+  k.values_text = "a config.json path, or empty for none";
+  k.examples = {""};
+  k.get = [](const TrainConfig& c) { return c.model_config; };
+  k.id_text = [](const TrainConfig& c) {
+    return fmt::format("{}-{}", std::filesystem::path(c.model_config).stem().string(),
+                       c.model_config_sha256.substr(0, 8));
+  };
+  k.set = [](TrainConfig& c, std::string_view text) -> std::optional<std::string> {
+    TrainConfig read;
+    read.model_config = std::string(text);
+    if (!text.empty()) {
+      try {
+        const HfModelConfig hf = read_hf_config(read.model_config);
+        read.model_config_sha256 = std::visit([](const auto& m) { return m.file.sha256; }, hf);
+        (void)make_model(read);  // a shape the layers cannot take fails here
+      } catch (const std::invalid_argument& e) {
+        return std::string(e.what());
+      }
+    }
+    c.model_config = read.model_config;
+    c.model_config_sha256 = read.model_config_sha256;
+    return std::nullopt;
+  };
+  k.resolve = [](TrainConfig& c) -> std::optional<std::string> {
+    if (!c.model_config.empty() && c.model != TrainConfig{}.model)
+      return fmt::format("{} defines the model: leave --model at its default (got {})",
+                         c.model_config, c.model);
+    return std::nullopt;
+  };
+  return k;
+}
+
+std::vector<Knob> make_table() {
+  std::vector<Knob> t;
+
+  t.push_back(model_knob());
 
   t.push_back(count_knob("batch_size", "--batch-size", "b", "Samples per micro-batch",
                          &TrainConfig::batch_size, {"1", "8"}));
@@ -100,9 +162,21 @@ std::vector<Knob> make_table() {
                          "Micro-batches per optimizer step (gradient accumulation)",
                          &TrainConfig::accumulation, {"1", "4"}));
   t.push_back(enum_knob("precision", "--precision", "",
-                        "Mixed precision: fp32, tf32 (CUDA), fp16/bf16 with an fp32 master "
-                        "copy, fp16-pure/bf16-pure without",
+                        "fp32, tf32 (CUDA), fp16/bf16 as torch.autocast (fp32 weights, per-op "
+                        "dtypes: --autocast-policy), fp16-o2/bf16-o2 (16-bit weights and "
+                        "activations, fp32 master copy), fp16-pure/bf16-pure (no master)",
                         &TrainConfig::precision, precision_name, parse_precision, precision_names));
+
+  // Qualifies the autocast precisions: in their ids even at its default, in no other id.
+  Knob policy = enum_knob(
+      "autocast_policy", "--autocast-policy", "ac-",
+      "Whose autocast op lists fp16/bf16 follow: PyTorch's CUDA lists (on every backend), or "
+      "its CPU lists (torch 1.13), which a CPU-only machine can check against PyTorch",
+      &TrainConfig::autocast_policy, autocast::policy_name, autocast::parse_policy,
+      autocast::policy_names);
+  policy.id_rule = IdRule::when_applies;
+  policy.applies = [](const TrainConfig& c) { return autocast_dtype(c.precision).has_value(); };
+  t.push_back(std::move(policy));
 
   Knob ck;
   ck.name = "checkpoint";
@@ -110,8 +184,9 @@ std::vector<Knob> make_table() {
   ck.id_prefix = "ck";
   ck.type = KnobType::density;
   ck.help =
-      "Activation checkpointing: the fraction of blocks recomputed in backward, sqrt (√n "
-      "segments) or selective (attention probabilities and GELU input only)";
+      "Activation checkpointing (torch.utils.checkpoint, non-reentrant): the fraction of blocks "
+      "recomputed in backward, sqrt (√n segments), or selective (Megatron: only the attention "
+      "core of each block; CNN: bn1-relu-conv2)";
   ck.values_text = "a density in [0, 1], sqrt or selective";
   ck.examples = {"0", "0.5", "1", "sqrt", "selective"};
   ck.get = [](const TrainConfig& c) { return c.checkpoint.str(); };
@@ -157,7 +232,7 @@ std::vector<Knob> make_table() {
   seq.type = KnobType::integer;
   seq.workload = true;
   seq.help =
-      "Tokens per training sequence of a GPT-style model (0: the model's own block size); "
+      "Tokens per training sequence of a GPT or Llama model (0: the model's own positions); "
       "activations grow linearly and, with math attention, quadratically in it";
   seq.values_text = "0 or a positive integer up to the model's positions";
   seq.examples = {"0", "16"};
@@ -173,11 +248,12 @@ std::vector<Knob> make_table() {
   seq.applies = has_sequence;
   seq.resolve = [](TrainConfig& c) -> std::optional<std::string> {
     if (c.seq_len == 0) return std::nullopt;
-    const std::int64_t max = max_seq_len_of(c.model);
+    const std::int64_t max = max_seq_len_of(c);
+    const std::string model = c.model_config.empty() ? c.model : c.model_config;
     if (max == 0)
-      return fmt::format("{} has no sequence length (GPT-style models have one)", c.model);
+      return fmt::format("{} has no sequence length (GPT-style models have one)", model);
     if (c.seq_len > max)
-      return fmt::format("{} is above {}'s maximum positions ({})", c.seq_len, c.model, max);
+      return fmt::format("{} is above {}'s maximum positions ({})", c.seq_len, model, max);
     if (c.seq_len == max) c.seq_len = 0;  // the model's own: one id for one configuration
     return std::nullopt;
   };
@@ -193,7 +269,10 @@ std::vector<Knob> make_table() {
   attn.applies = has_sequence;
   t.push_back(std::move(attn));
 
+  t.push_back(model_config_knob());
+
   for (Knob& k : t) {
+    if (!k.id_text) k.id_text = k.get;
     if (!k.applies) k.applies = [](const TrainConfig&) { return true; };
     if (!k.resolve) k.resolve = [](TrainConfig&) { return std::optional<std::string>(); };
     if (!k.choices) k.choices = [] { return std::vector<std::string>{}; };
@@ -240,16 +319,19 @@ void set_knob(TrainConfig& cfg, const Knob& k, std::string_view text) {
 void resolve_config(TrainConfig& cfg) {
   for (const Knob& k : knobs())
     if (auto err = k.resolve(cfg)) throw KnobError(fmt::format("{}: {}", k.name, *err));
+  // An axis that does not apply (the autocast policy of fp32, the attention kind of an MLP)
+  // takes its default: one configuration, one config, one id.
+  for (const Knob& k : knobs())
+    if (!k.applies(cfg)) set_knob(cfg, k, k.default_text());
 }
 
 std::string point_id(const TrainConfig& c) {
   std::string id;
   for (const Knob& k : knobs()) {
-    const std::string v = k.get(c);
     if (k.id_rule != IdRule::always && !k.applies(c)) continue;
-    if (k.id_rule == IdRule::non_default && v == k.default_text()) continue;
+    if (k.id_rule == IdRule::non_default && k.get(c) == k.default_text()) continue;
     if (!id.empty()) id += '/';
-    id += k.id_prefix + v;
+    id += k.id_prefix + k.id_text(c);
   }
   return id;
 }

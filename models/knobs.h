@@ -63,6 +63,10 @@ struct Knob {
   // Values every consumer is tested with (the choices, or examples of an open-ended axis).
   std::vector<std::string> examples;
   std::function<std::string(const TrainConfig&)> get;  // canonical text
+  // The value as the point id shows it, after id_prefix: get() unless a row says otherwise
+  // (model_config: the file's name and hash, not its path; model: "hf" when a model config file
+  // defines the model).
+  std::function<std::string(const TrainConfig&)> id_text;
   // Parses `text` into the config; returns an error message (without the axis name) when
   // the text is not an accepted value.
   std::function<std::optional<std::string>(TrainConfig&, std::string_view text)> set;
@@ -92,12 +96,14 @@ class KnobError : public std::invalid_argument {
 
 // Sets one axis from text; throws KnobError naming the axis.
 void set_knob(TrainConfig& cfg, const Knob& k, std::string_view text);
-// After the axes are set (flags, a grid point, a JSON config): every row's resolve(); throws
-// KnobError naming the axis.
+// After the axes are set (flags, a grid point, a JSON config): every row's resolve() (throws
+// KnobError naming the axis), then every axis that does not apply is set to its default.
 void resolve_config(TrainConfig& cfg);
 
-// "gpt-tiny/b8/a1/fp32/ck0/adam/off-none/zg-set_to_none/train/ec-never/in-pinned", then the
-// non_default axes that apply and differ from their default ("/seq128"), in table order.
+// "gpt-tiny/b8/a1/fp32/ck0/adam/off-none/zg-set_to_none/train/ec-never/in-pinned", with the
+// when_applies axes where they apply ("gpt-tiny/b8/a1/bf16/ac-torch-cuda/ck0/..."), and the
+// non_default axes that apply and differ from their default ("/seq128"), in table order; each
+// axis as its prefix and id_text.
 std::string point_id(const TrainConfig& c);
 
 // The one config serialiser: every axis by its JSON type (defaults filled in), plus "seed".

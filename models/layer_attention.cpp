@@ -8,22 +8,40 @@ std::int64_t y_width(std::int64_t qkv_width, const CausalSelfAttention& a) {
   return a.n_head * (qkv_width / (a.n_head + 2 * std::int64_t{a.n_kv_head}));
 }
 
+// Keeps the probabilities and, where the ·V matmul reads them in another dtype, its cast.
+void keep_probs(LayerCtx& c, Tensor att) {
+  Tensor cast;
+  c.cast_input(Op::matmul, att, cast);
+  if (cast.defined()) c.keep("attn.att_mm", std::move(cast));
+  c.keep("attn.att", std::move(att));
+}
+
 }  // namespace
 
 Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T,
                          const CausalSelfAttention& a) {
   const std::int64_t C = inp.dim(1);
-  const std::int64_t W = c.weight(a.c_attn.weight).dim(0), Y = y_width(W, a);
-  const std::int64_t NH = a.n_head;
-  Tensor qkv = c.act_tensor({B * T, W});  // (B·T, (NH + 2·NKV)·hd)
-  linear_forward(c, qkv, inp, a.c_attn);
+  const bool split = !a.qkv_proj.parts.empty();
+  const std::int64_t W =
+      split ? stacked_out_features(c, a.qkv_proj) : c.weight(a.c_attn.weight).dim(0);
+  const std::int64_t Y = y_width(W, a), NH = a.n_head;
+  inp = c.cast_input(Op::linear, std::move(inp));
+  Tensor qkv = c.act_tensor({B * T, W}, c.out_dtype(Op::linear, inp));  // (B·T, (NH + 2·NKV)·hd)
+  if (split)
+    linear_forward(c, qkv, inp, a.qkv_proj);
+  else
+    linear_forward(c, qkv, inp, a.c_attn);
   c.keep("attn.inp", std::move(inp));
   qkv.reshape({B, T, W});
+  if (a.rope) c.ops().rope_forward(qkv, a.n_head, a.n_kv_head, *a.rope);
 
+  // Allocation order (probabilities or lse, then y) is the one both backends and the memory
+  // model make.
+  const DType y_dtype = c.out_dtype(Op::attention, qkv);
   Tensor y;  // (B, T, NH·hd)
   if (c.attention == AttentionKind::flash) {
     Tensor lse(c.dev.memory(), {B, NH, T}, DType::F32, c.cat());
-    y = c.act_tensor({B, T, Y});
+    y = c.act_tensor({B, T, Y}, y_dtype);
     c.ops().flash_attention_forward(y, lse, qkv, a.n_head, a.n_kv_head);
     c.keep("attn.qkv", std::move(qkv));
     c.keep("attn.lse", std::move(lse));
@@ -31,16 +49,18 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
     // Selective checkpointing drops the (B, NH, T, T) probabilities: the biggest tensor of the
     // block at long T, and only a QKᵀ + softmax away from qkv, which is saved anyway.
     const bool keep_att = c.save && !c.selective;
-    Tensor att(c.dev.memory(), {B, NH, T, T}, c.act,
+    Tensor att(c.dev.memory(), {B, NH, T, T}, c.out_dtype(Op::softmax, qkv),
                keep_att ? Category::activations : Category::temporaries);
-    y = c.act_tensor({B, T, Y});
+    y = c.act_tensor({B, T, Y}, y_dtype);
     c.ops().attention_forward(y, att, qkv, a.n_head, a.n_kv_head);
     c.keep("attn.qkv", std::move(qkv));
-    if (keep_att) c.keep("attn.att", std::move(att));
+    if (keep_att) keep_probs(c, std::move(att));
   }
 
   y.reshape({B * T, Y});
-  Tensor out = c.temp({B * T, C});  // (B·T, C): added into the residual by the block
+  y = c.cast_input(Op::linear, std::move(y));
+  // (B·T, C): added into the residual by the block
+  Tensor out = c.temp({B * T, C}, c.out_dtype(Op::linear, y));
   linear_forward(c, out, y, a.c_proj);
   c.keep("attn.y", std::move(y));
   return out;
@@ -50,16 +70,15 @@ Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAtten
   Tensor& qkv = c.get("attn.qkv");  // (B, T, (NH + 2·NKV)·hd)
   const std::int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2), Y = y_width(W, a);
   const std::int64_t NH = a.n_head;
-  const std::int64_t C = c.get("attn.inp").dim(1);
   Tensor& y = c.get("attn.y");  // (B·T, NH·hd)
 
-  Tensor dy = c.temp({B * T, Y});
+  Tensor dy = c.temp_like(y);
   linear_backward(c, &dy, dout, y, a.c_proj);
   dy.reshape({B, T, Y});
 
-  Tensor dqkv;
+  Tensor dqkv;  // (B, T, (NH + 2·NKV)·hd), after a recomputed att as on both backends
   if (c.attention == AttentionKind::flash) {
-    dqkv = c.temp({B, T, W});
+    dqkv = c.temp({B, T, W}, qkv.dtype());
     y.reshape({B, T, Y});  // the attention output, as the op sees it
     c.ops().flash_attention_backward(dqkv, dy, qkv, y, c.get("attn.lse"), a.n_head, a.n_kv_head);
     y.reshape({B * T, Y});
@@ -68,20 +87,26 @@ Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAtten
     Tensor recomputed;  // (B, NH, T, T) when selective
     const Tensor* att = nullptr;
     if (c.has("attn.att")) {
-      att = &c.get("attn.att");
+      att = &c.get(c.has("attn.att_mm") ? "attn.att_mm" : "attn.att");
     } else {
-      recomputed = c.temp({B, NH, T, T});
+      recomputed = c.temp({B, NH, T, T}, c.out_dtype(Op::softmax, qkv));
       c.ops().attention_probs(recomputed, qkv, a.n_head, a.n_kv_head);
       att = &recomputed;
     }
-    dqkv = c.temp({B, T, W});
+    dqkv = c.temp({B, T, W}, qkv.dtype());
     c.ops().attention_backward(dqkv, dy, qkv, *att, a.n_head, a.n_kv_head);
     dy.reset();
   }
 
+  // The rotation is orthogonal: its transpose takes d(rotated q, k) to d(q, k).
+  if (a.rope) c.ops().rope_backward(dqkv, a.n_head, a.n_kv_head, *a.rope);
   dqkv.reshape({B * T, W});
-  Tensor dinp = c.temp({B * T, C});
-  linear_backward(c, &dinp, dqkv, c.get("attn.inp"), a.c_attn);
+  const Tensor& inp = c.get("attn.inp");
+  Tensor dinp = c.temp_like(inp);
+  if (!a.qkv_proj.parts.empty())
+    linear_backward(c, &dinp, dqkv, inp, a.qkv_proj);
+  else
+    linear_backward(c, &dinp, dqkv, inp, a.c_attn);
   return dinp;
 }
 

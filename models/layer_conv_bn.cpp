@@ -20,7 +20,7 @@ Tensor batchnorm(LayerCtx& c, const Tensor& conv, const ConvBn& l, Category out_
   const Category stat_cat = keep_stats ? Category::activations : Category::temporaries;
   Tensor mean = c.dev.empty({C}, DType::F32, stat_cat);    // (C)
   Tensor invstd = c.dev.empty({C}, DType::F32, stat_cat);  // (C)
-  Tensor out = c.dev.empty(conv.shape(), c.act, out_category);
+  Tensor out = c.dev.empty(conv.shape(), c.out_dtype(Op::batchnorm, conv), out_category);
   Tensor* rm = update_running ? &c.weight(l.running_mean) : nullptr;
   Tensor* rv = update_running ? &c.weight(l.running_var) : nullptr;
   c.ops().batchnorm_forward(out, mean, invstd, conv, c.weight(l.bn_weight), c.weight(l.bn_bias), rm,
@@ -35,9 +35,11 @@ Tensor batchnorm(LayerCtx& c, const Tensor& conv, const ConvBn& l, Category out_
 }  // namespace
 
 Tensor conv_bn_forward(LayerCtx& c, const Tensor& inp, const ConvBn& l, Category out_category) {
-  const Tensor& w = c.weight(l.conv);  // (Co, Ci, K, K)
+  c.expect_input(Op::conv2d, inp);
+  const Tensor& w = c.op_weight(Op::conv2d, l.conv);  // (Co, Ci, K, K)
   const int K = static_cast<int>(w.dim(2));
-  Tensor conv = c.act_tensor(conv_out_shape(inp.shape(), w.dim(0), K, l.stride, l.pad));
+  Tensor conv = c.act_tensor(conv_out_shape(inp.shape(), w.dim(0), K, l.stride, l.pad),
+                             c.out_dtype(Op::conv2d, inp));
   c.ops().conv2d_forward(conv, inp, w, nullptr, l.stride, l.pad);
   // Running statistics are a forward side effect: a recompute must not apply it twice.
   Tensor out = batchnorm(c, conv, l, out_category, c.save, !c.recompute);
@@ -52,7 +54,7 @@ Tensor conv_bn_reapply(LayerCtx& c, const ConvBn& l, Category out_category) {
 void conv_bn_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout, const Tensor& inp,
                       const ConvBn& l) {
   const Tensor& conv = c.get(l.key + ".conv");
-  Tensor dconv = c.temp(conv.shape());
+  Tensor dconv = c.temp_like(conv);
   GradRef gg = c.store.grad(l.bn_weight);
   GradRef gb = c.store.grad(l.bn_bias);
   const Tensor& gamma = c.weight(l.bn_weight);
@@ -63,13 +65,14 @@ void conv_bn_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout, const Tenso
   } else {
     c.ops().batchnorm_backward(dconv, &gg.t, nullptr, dout, conv, gamma, mean, invstd,
                                gg.accumulate);
-    Tensor scratch = c.temp(conv.shape());
+    Tensor scratch = c.temp_like(conv);
     c.ops().batchnorm_backward(scratch, nullptr, &gb.t, dout, conv, gamma, mean, invstd,
                                gb.accumulate);
   }
-  const Tensor& w = c.weight(l.conv);
-  GradRef gw = c.store.grad(l.conv);
-  c.ops().conv2d_backward(dinp, &gw.t, nullptr, dconv, inp, w, l.stride, l.pad, gw.accumulate);
+  const Tensor& w = c.op_weight(Op::conv2d, l.conv);
+  ParamGrad gw(c, l.conv, w.dtype());
+  c.ops().conv2d_backward(dinp, &gw.t(), nullptr, dconv, inp, w, l.stride, l.pad, gw.accumulate());
+  gw.finish();
 }
 
 }  // namespace memtrade

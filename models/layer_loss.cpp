@@ -9,6 +9,7 @@ Tensor copy_for_backward(LayerCtx& c, const Tensor& t) {
 }
 
 Tensor crossentropy_loss_forward(LayerCtx& c, Tensor logits, const Tensor& targets) {
+  logits = c.cast_input(Op::crossentropy, std::move(logits));
   const std::int64_t N = logits.dim(0);
   Tensor losses = c.dev.empty({N}, DType::F32, Category::activations);  // (N)
   c.ops().crossentropy_forward(losses, logits, targets);
@@ -17,11 +18,12 @@ Tensor crossentropy_loss_forward(LayerCtx& c, Tensor logits, const Tensor& targe
   return losses;
 }
 
-Tensor crossentropy_loss_backward(LayerCtx& c, float dloss) {
-  Tensor logits = c.saved.take(c.segment, "logits");  // (N, V), freed on return
-  Tensor dlogits = c.temp(logits.shape());
+Tensor crossentropy_loss_backward(LayerCtx& c, float dloss, DType logits_dtype) {
+  Tensor logits = c.saved.take(c.segment, "logits");  // (N, V)
+  Tensor dlogits = c.temp_like(logits);
   c.ops().crossentropy_backward(dlogits, logits, c.get("targets"), dloss);
-  return dlogits;
+  logits.reset();
+  return c.grad_as(std::move(dlogits), logits_dtype);
 }
 
 }  // namespace memtrade

@@ -7,7 +7,8 @@
 //     (0.5) and the run of clean steps restarts;
 //   - otherwise the run grows by one; after `growth_interval` clean steps in a row the scale is
 //     multiplied by the growth factor (2) and the run restarts.
-// A disabled scaler (fp32, tf32, bf16, bf16-pure) always reports scale 1 and never changes.
+// A disabled scaler (fp32, tf32, bf16, bf16-o2, bf16-pure) always reports scale 1 and never
+// changes.
 #pragma once
 
 #include <cstdint>

@@ -19,7 +19,7 @@ MlpModel::MlpModel(MlpConfig cfg) : cfg_(std::move(cfg)) {
     const float std = 1.0f / std::sqrt(3.0f * static_cast<float>(in));
     const int block = j < n ? j : -1;
     layers_.push_back({add_param(fmt::format("layers.{}.weight", j), {out, in}, std, block),
-                       add_param(fmt::format("layers.{}.bias", j), {out}, 0, block)});
+                       add_param(fmt::format("layers.{}.bias", j), {out}, 0, block), j > 0});
     in = out;
   }
 }
@@ -48,15 +48,22 @@ Tensor MlpModel::stem_forward(LayerCtx& c, const Tensor& input) {
 Tensor MlpModel::block_forward(LayerCtx& c, int block, const Tensor& x) {
   const Linear& l = layers_[block];
   const std::int64_t N = x.dim(0), out = cfg_.hidden[block];
-  Tensor h = c.temp({N, out});  // (N, out) pre-activation: the ReLU backward uses the output
-  linear_forward(c, h, x, l);
-  Tensor r = c.dev.empty({N, out}, c.act, Category::activations);
+  // Under autocast block 0's linear reads the fp32 input through its 16-bit cast, and keeps the
+  // cast, not the input, as autograd does; the driver then does not save x (block_model.h).
+  Tensor cast;
+  const Tensor& in = c.cast_input(Op::linear, x, cast);
+  Tensor h = c.temp({N, out}, c.out_dtype(Op::linear, in));  // (N, out) pre-activation: the
+                                                             // ReLU backward uses the output
+  linear_forward(c, h, in, l);
+  if (cast.defined()) c.keep("x", std::move(cast));
+  Tensor r = c.dev.empty({N, out}, c.out_dtype(Op::relu, h), Category::activations);
   c.ops().relu_forward(r, h);
   return r;
 }
 
 Tensor MlpModel::head_forward(LayerCtx& c, Tensor x, const Tensor& targets) {
-  Tensor logits = c.act_tensor({x.dim(0), cfg_.classes});  // (N, classes)
+  x = c.cast_input(Op::linear, std::move(x));
+  Tensor logits = c.act_tensor({x.dim(0), cfg_.classes}, c.out_dtype(Op::linear, x));
   linear_forward(c, logits, x, layers_.back());
   c.keep("x", std::move(x));
   return crossentropy_loss_forward(c, std::move(logits), targets);
@@ -66,7 +73,7 @@ namespace {
 
 // d(pre-activation) of a ReLU output `r` from d(r): the mask its consumer applies.
 Tensor relu_mask(LayerCtx& c, const Tensor& d, const Tensor& r) {
-  Tensor out = c.temp(d.shape());
+  Tensor out = c.temp_like(r);
   c.ops().relu_backward(out, d, r);
   return out;
 }
@@ -74,9 +81,9 @@ Tensor relu_mask(LayerCtx& c, const Tensor& d, const Tensor& r) {
 }  // namespace
 
 Tensor MlpModel::head_backward(LayerCtx& c, float dloss) {
-  Tensor dlogits = crossentropy_loss_backward(c, dloss);  // (N, classes)
-  const Tensor& x = c.get("x");                           // the last hidden ReLU output
-  Tensor dx = c.temp(x.shape());
+  const Tensor& x = c.get("x");  // the last hidden ReLU output
+  Tensor dlogits = crossentropy_loss_backward(c, dloss, c.out_dtype(Op::linear, x));
+  Tensor dx = c.temp_like(x);
   linear_backward(c, &dx, dlogits, x, layers_.back());
   dlogits.reset();
   return relu_mask(c, dx, x);
@@ -89,7 +96,7 @@ void MlpModel::block_backward(LayerCtx& c, int block, Tensor& dres) {
     dres.reset();
     return;
   }
-  Tensor dx = c.temp(x.shape());
+  Tensor dx = c.temp_like(x);
   linear_backward(c, &dx, dres, x, layers_[block]);
   dres.reset();
   dres = relu_mask(c, dx, x);  // x is the previous block's ReLU output

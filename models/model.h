@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,16 +51,41 @@ class ParamStore {
   // (offload = params) can be brought in before use and dropped after.
   virtual void enter_block(int /*block*/) {}
   virtual void exit_block(int /*block*/) {}
+
+  // ---- autocast's weight-cast cache (torch's cached_cast) --------------------------------------
+  // weight(index) cast to `dtype` with `ops`: made on the first request of an autocast region
+  // (one forward, or one recompute of a checkpointed segment), from the weight's own allocator
+  // with Category::casts, and handed out again for every later request until clear_casts(),
+  // which the model calls when the region ends. Owners beyond the cache (a saved tensor of the
+  // op that read it, SavedTensors::share) keep a cast alive after that, as autograd's graph keeps
+  // PyTorch's cached casts until the backward that uses them. `dtype` equal to the weight's: the
+  // weight itself, not owned.
+  std::shared_ptr<Tensor> weight_cast(int index, DType dtype, Ops& ops);
+  void clear_casts() { casts_.clear(); }
+  std::size_t cached_casts() const { return casts_.size(); }
+
+ private:
+  std::map<int, std::shared_ptr<Tensor>> casts_;  // by index: cleared in index order
+};
+
+// torch.autocast for a forward/backward pass: the 16-bit dtype and whose op lists decide the
+// dtype of each op (models/autocast_policy.h).
+struct AutocastSpec {
+  DType dtype = DType::BF16;
+  autocast::Policy policy = autocast::Policy::torch_cuda;
 };
 
 // How a forward/backward pass runs.
 struct RunOptions {
-  DType act_dtype = DType::F32;      // activations (and weights) dtype
+  // The activations' dtype (the weights' too). Under autocast: the dtype of the model input and
+  // of every op autocast leaves alone (fp32), the ops' own dtypes coming from `amp`.
+  DType act_dtype = DType::F32;
   bool training = true;              // eval: nothing saved, no backward
   Checkpoint checkpoint{};           // which blocks are recomputed in backward
   bool offload_activations = false;  // saved activations go to pinned host memory
   // The attention layers' ops (kernels/ops.h): math saves the probabilities, flash does not.
   AttentionKind attention = AttentionKind::math;
+  std::optional<AutocastSpec> amp;  // set: autocast (fp16/bf16 precision)
 
   // How a training (or eval) step of `cfg` runs its passes: the one translation of the knobs.
   static RunOptions from(const TrainConfig& cfg);
@@ -74,8 +101,8 @@ struct FlopCount {
 class Model {
  public:
   virtual ~Model() = default;
-  virtual std::string name() const = 0;    // "gpt-tiny"
-  virtual std::string family() const = 0;  // "gpt" | "mlp" | "cnn"
+  virtual std::string name() const = 0;    // "gpt-tiny", "llama-tiny:n_layer=4"
+  virtual std::string family() const = 0;  // "gpt" | "llama" | "mlp" | "cnn"
   // Hyper-parameters as written to meta.json and results ("family", "n_layer", "n_head", ...).
   virtual nlohmann::json hyper() const = 0;
   virtual const std::vector<ParamSpec>& params() const = 0;
@@ -83,7 +110,7 @@ class Model {
   // The longest training sequence a sequence model takes (its learned positions); 0 for a model
   // without a sequence (MLP, CNN).
   virtual std::int64_t max_seq_len() const { return 0; }
-  std::int64_t num_params() const;     // trainable elements
+  std::int64_t num_params() const;  // trainable elements
 
   // One micro-batch of `batch` samples.
   virtual Shape input_shape(std::int64_t batch) const = 0;
@@ -107,11 +134,20 @@ class Model {
   virtual void backward(Device& dev, ParamStore& store, float dloss) = 0;
 };
 
-// "gpt-tiny", "gpt-mini", "gpt2-124m", "gpt2-350m", "mlp-tiny", ..., "cnn-tiny", ...
-// Throws std::invalid_argument naming the known models for an unknown name.
+// "gpt-tiny", "gpt-mini", "gpt2-124m", ..., "llama-tiny", "llama3-8b", "mlp-tiny", "cnn-tiny",
+// ..., optionally with overrides of the family's hyper-parameters (gpt-* and llama-*):
+// "llama-tiny:n_layer=4,n_kv_head=1" (keys as in the model's hyper(); models/gpt.h and
+// models/llama.h list them). Throws std::invalid_argument naming the known models for an unknown
+// name, the family's keys for an unknown key, or what is wrong with a value or the shape.
 std::unique_ptr<Model> make_model(std::string_view name);
-// The model a point trains: its name, shaped by the config's seq_len. Throws
-// std::invalid_argument for an unknown model or a seq_len it cannot take.
+// One configuration's one spelling: keys sorted, values canonical ("5e5" -> "500000", "1" ->
+// "true"), overrides equal to the base model's value dropped ("llama-tiny:n_layer=2" ->
+// "llama-tiny"). Throws as make_model, which it checks the result with.
+std::string canonical_model_name(std::string_view text);
+// The model a point trains: cfg.model_config's file (models/hf_config.h) when set, else
+// cfg.model, shaped by the config's seq_len. Throws std::invalid_argument for an unknown model,
+// a seq_len it cannot take, or a model config file that cannot be read, is refused, or differs
+// from the one the config was made with (cfg.model_config_sha256).
 std::unique_ptr<Model> make_model(const TrainConfig& cfg);
 std::vector<std::string> model_names();
 

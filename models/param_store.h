@@ -5,15 +5,18 @@
 //
 //   knobs                      device                      pinned host
 //   fp32/tf32, offload none    weight F32 (params)         -
-//   fp16/bf16 (mixed)          weight 16-bit + master F32  -
+//   fp16/bf16 (autocast)       weight F32 (params), and    -
+//                              per forward 16-bit casts
+//                              (casts: ParamStore::weight_cast, model.h)
+//   fp16-o2/bf16-o2            weight 16-bit + master F32  -
 //   fp16-pure/bf16-pure        weight 16-bit               -
-//   offload=optimizer          weight (compute dtype)      "master": F32 (mixed, and fp32 too:
+//   offload=optimizer          weight (compute dtype)      "master": F32 (O2, and fp32/autocast:
 //                                                          the host needs its own copy of the
 //                                                          parameters to run the update), or
 //                                                          16-bit in pure precision (category
 //                                                          master either way)
 //   offload=params             block weights only while    weight (compute dtype, params) +
-//                              their block is entered;     master F32 when mixed
+//                              their block is entered;     master F32 (O2)
 //                              non-block weights resident
 //
 // Gradients are always on the device in the compute dtype (category grads); with a host

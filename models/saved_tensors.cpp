@@ -43,7 +43,7 @@ void SavedTensors::save(int segment, std::string_view key, Tensor t) {
         fmt::format("SavedTensors: saving undefined tensor {}/{}", segment, key));
   if (find(segment, key) != nullptr)
     throw std::logic_error(fmt::format("SavedTensors: {}/{} saved twice", segment, key));
-  Entry e{segment, std::string(key), {}, {}};
+  Entry e{segment, std::string(key), {}, {}, {}};
   if (offload_) {
     ScopedRange range(dev_, "offload");
     // The copy stream must not read the tensor before the compute stream has written it.
@@ -58,6 +58,15 @@ void SavedTensors::save(int segment, std::string_view key, Tensor t) {
   entries_.push_back(std::move(e));
 }
 
+void SavedTensors::share(int segment, std::string_view key, std::shared_ptr<Tensor> t) {
+  if (!t || !t->defined())
+    throw std::logic_error(
+        fmt::format("SavedTensors: sharing undefined tensor {}/{}", segment, key));
+  if (find(segment, key) != nullptr)
+    throw std::logic_error(fmt::format("SavedTensors: {}/{} saved twice", segment, key));
+  entries_.push_back(Entry{segment, std::string(key), {}, {}, std::move(t)});
+}
+
 bool SavedTensors::has(int segment, std::string_view key) const {
   return find(segment, key) != nullptr;
 }
@@ -66,6 +75,7 @@ Tensor& SavedTensors::get(int segment, std::string_view key) {
   Entry* e = find(segment, key);
   if (e == nullptr)
     throw std::logic_error(fmt::format("SavedTensors: nothing saved as {}/{}", segment, key));
+  if (e->shared) return *e->shared;
   if (!e->dev.defined())
     throw std::logic_error(
         fmt::format("SavedTensors: {}/{} is offloaded; fetch() it", segment, key));
@@ -73,6 +83,9 @@ Tensor& SavedTensors::get(int segment, std::string_view key) {
 }
 
 Tensor SavedTensors::take(int segment, std::string_view key) {
+  const Entry* e = find(segment, key);
+  if (e != nullptr && e->shared)
+    throw std::logic_error(fmt::format("SavedTensors: {}/{} is shared, not taken", segment, key));
   Tensor t = std::move(get(segment, key));
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->segment == segment && it->key == key) {
@@ -98,7 +111,7 @@ void SavedTensors::prefetch(int segment) {
   ScopedRange range(dev_, "prefetch");
   bool issued = false;
   for (auto& e : entries_) {
-    if (e.segment != segment || e.dev.defined()) continue;
+    if (e.segment != segment || e.dev.defined() || e.shared) continue;
     if (!issued) {
       // The destination may be memory the compute stream freed a moment ago: let it finish.
       produced_->record(StreamKind::compute);

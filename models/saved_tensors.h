@@ -46,6 +46,10 @@ class SavedTensors {
 
   // Keep `t` (a device tensor) for the backward of `segment`. Keys are unique per segment.
   void save(int segment, std::string_view key, Tensor t);
+  // Keep `t`, which another owner shares (autocast's weight-cast cache, ParamStore::weight_cast),
+  // for the backward of `segment`: its bytes live until both have let go. Never offloaded (a
+  // weight copy, not an activation); get() reads it, take() refuses it.
+  void share(int segment, std::string_view key, std::shared_ptr<Tensor> t);
   bool has(int segment, std::string_view key) const;
   // The saved tensor, on the device (fetch() first if it was offloaded). Throws std::logic_error
   // when absent or still on the host.
@@ -64,7 +68,7 @@ class SavedTensors {
   void clear();
 
   bool empty() const { return entries_.empty() && pending_.empty(); }
-  std::int64_t device_bytes() const;  // bytes of saved tensors now on the device
+  std::int64_t device_bytes() const;  // bytes of saved tensors now on the device (not shared)
   std::int64_t host_bytes() const;    // bytes in pinned host memory
 
  private:
@@ -73,6 +77,7 @@ class SavedTensors {
     std::string key;
     Tensor dev;   // defined while on the device
     Tensor host;  // defined while offloaded (kept until release: the copy stream may use it)
+    std::shared_ptr<Tensor> shared;  // share(): held with another owner, on the device
   };
   Entry* find(int segment, std::string_view key);
   const Entry* find(int segment, std::string_view key) const;
@@ -99,8 +104,10 @@ class SavedTensors {
 //   - sqrt: segments of s = ⌈√n⌉ consecutive blocks, all recomputed (only every s-th block
 //     boundary is kept);
 //   - selective: every block kept (one segment each), but `selective` is set: layers skip saving
-//     tensors that are cheap to recompute (GPT: attention probabilities and the c_fc output /
-//     GELU input; CNN: the ReLU output after the first batch-norm of a block; MLP: nothing).
+//     what is cheap to recompute. GPT and Llama: Megatron's selective recompute, the attention
+//     core (the (B, NH, T, T) probabilities; PyTorch: torch.utils.checkpoint around q,k,v ->
+//     softmax·V); CNN: the ReLU output after a block's first batch-norm (PyTorch: a checkpoint
+//     around bn1 -> relu -> conv2); MLP: nothing.
 struct CheckpointPlan {
   struct Segment {
     int begin = 0;  // first block

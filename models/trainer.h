@@ -7,13 +7,15 @@
 // checkpoint/offload policy ("forward"), backward adds into the grads ("backward") with
 // dL/dloss_row = loss_scale / (rows of the whole effective batch), so the grads are those of the
 // mean loss over the effective batch. Then ("optimizer"):
-//   - fp16/fp16-pure: the scaled grads are checked for inf/nan (Ops::unscale_and_check with
-//     inv_scale 1, which leaves them untouched). On overflow the update is skipped and the
-//     scale backs off (LossScaler, torch GradScaler semantics). Otherwise each grad is unscaled
-//     into an fp32 temporary right before its update: unscaling the 16-bit grad in place would
-//     flush everything below fp16's 2^-24 to zero (why torch's GradScaler refuses fp16 grads).
-//   - the optimizer updates the fp32 master (mixed), the fp32 weight (fp32/tf32) or the 16-bit
-//     weight with 16-bit state (pure); a master is then cast into the 16-bit weight.
+//   - fp16/fp16-o2/fp16-pure: the scaled grads are checked for inf/nan
+//     (Ops::unscale_and_check with inv_scale 1, which leaves them untouched). On overflow the
+//     update is skipped and the scale backs off (LossScaler, torch GradScaler semantics).
+//     Otherwise each grad is unscaled as the update reads it (fp32 arithmetic): unscaling a
+//     16-bit grad in place would flush everything below fp16's 2^-24 to zero (why torch's
+//     GradScaler refuses fp16 grads). Autocast's grads are fp32, as GradScaler expects.
+//   - the optimizer updates the fp32 master (O2), the fp32 weight (fp32/tf32 and autocast,
+//     whose 16-bit weights are per-forward casts) or the 16-bit weight with 16-bit state (pure);
+//     a master is then cast into the 16-bit weight.
 //   - offload=optimizer/params: grads are copied into pinned host buffers and the update runs
 //     on the host with CPU ops, on the host copies (see TrainerParamStore); the new weights are
 //     copied back to the device (params: the resident ones; block weights stream in at use).

@@ -24,7 +24,7 @@ FORMATS = ("png", "svg")
 def build_report(results: Sequence[str], outdir: str | pathlib.Path, *, baseline: str | None = None,
                  history: str | None = None, traces: Sequence[str] = (), formats: Sequence[str] = FORMATS,
                  title: str | None = None, baseline_point: str | None = None,
-                 strict: bool = False) -> list[C.Chart]:
+                 estimates: Sequence[str] = (), strict: bool = False) -> list[C.Chart]:
     """Load the inputs (raising load.InputError on bad input), draw the charts into outdir and
     write index.html / index.md. A chart that fails is reported on stderr and listed as not drawn
     (strict=True re-raises instead)."""
@@ -34,6 +34,7 @@ def build_report(results: Sequence[str], outdir: str | pathlib.Path, *, baseline
     base = load.load_results(baseline) if baseline else None
     hist = load.load_history(history) if history else None
     trs = [load.load_trace(t) for t in traces]
+    ests = [load.load_estimates(e) for e in estimates]
     try:
         knobs.use_meta(*(d["meta"] for d in docs), *([base["meta"]] if base else []))
     except knobs.NoTable as e:
@@ -47,6 +48,7 @@ def build_report(results: Sequence[str], outdir: str | pathlib.Path, *, baseline
         ("knob-effects", "Knob effects", lambda: C.knob_effects(pts, out, formats, baseline_point)),
         ("breakdown", "Memory breakdown", lambda: C.breakdown(pts, out, formats)),
         ("checkpoint", "Checkpoint density", lambda: C.checkpoint_curve(pts, out, formats)),
+        ("seq-len", "Sequence length", lambda: C.seq_len_curve(pts, [e for e in ests], out, formats)),
         ("batch", "Batch-size scaling", lambda: C.batch_scaling(pts, meta, out, formats)),
         ("predicted", "Predicted vs measured peak", lambda: C.predicted(pts, out, formats)),
     ]

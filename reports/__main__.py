@@ -1,5 +1,6 @@
-"""python3 -m reports RESULTS... [--baseline FILE] [--history DB] [--trace FILE...] -o DIR
-                      [--formats png,svg] [--title T] [--baseline-point ID]
+"""python3 -m reports RESULTS... [--baseline FILE] [--history DB] [--trace FILE...]
+                      [--estimates FILE...] -o DIR [--formats png,svg] [--title T]
+                      [--baseline-point ID]
 
 Exit codes: 0 all charts drawn or skipped for lack of data, 1 a chart failed to render,
 2 bad input (one line on stderr naming the problem).
@@ -31,6 +32,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="point id used as the knob-effects baseline (default: the all-default point per model)")
     p.add_argument("--history", metavar="DB", help="history SQLite DB (memtrade history add): commit trend")
     p.add_argument("--trace", nargs="+", action="extend", default=[], metavar="FILE", help="allocator trace files: memory timeline")
+    p.add_argument("--estimates", nargs="+", action="extend", default=[], metavar="FILE",
+                   help="`memtrade estimate --json` outputs: predicted curves (sequence length)")
     p.add_argument("--formats", default="png,svg", help="comma-separated image formats (png, svg, pdf)")
     p.add_argument("--title", help="page title")
     a = p.parse_args(argv)
@@ -46,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         charts = build_report(a.results, a.output, baseline=a.baseline, history=a.history, traces=a.trace,
-                              formats=a.formats, title=a.title, baseline_point=a.baseline_point)
+                              formats=a.formats, title=a.title, baseline_point=a.baseline_point,
+                              estimates=a.estimates)
     except InputError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

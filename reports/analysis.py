@@ -14,7 +14,8 @@ from . import knobs as K
 
 # Allocator categories in stacking order (kernels/allocator.h); a breakdown may hold more (a newer
 # memtrade): categories() appends them.
-CATEGORIES = ("params", "master", "grads", "optimizer", "activations", "temporaries", "workspace", "io")
+CATEGORIES = ("params", "master", "casts", "grads", "optimizer", "activations", "temporaries",
+              "workspace", "io")
 
 
 def categories(breakdowns: Iterable[dict]) -> list[str]:
@@ -465,3 +466,29 @@ def pct_change(old: float | None, new: float | None) -> float | None:
     if not _finite(old) or not _finite(new) or old == 0:
         return None
     return 100.0 * (new - old) / old
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequence length
+
+
+def tokens_per_sample(config: dict) -> int | None:
+    """The sequence length a point trained at (the model's own when the seq_len axis is 0)."""
+    t = (config.get("hyper") or {}).get("seq_len")
+    return int(t) if _finite(t) else None
+
+
+def seq_len_lines(items: Sequence[dict], peak_of) -> list[tuple[dict, list[tuple[int, float]]]]:
+    """Points (results points or estimate rows) that differ only in seq_len, as lines: [(config
+    of the line, [(tokens, peak), ...] sorted by tokens)], lines with >= 2 lengths only."""
+    lines: dict[tuple, tuple[dict, list]] = {}
+    for it in items:
+        cfg = it.get("config") or {}
+        t, pk = tokens_per_sample(cfg), peak_of(it)
+        if t is None or not _finite(pk):
+            continue
+        key = knob_tuple(cfg, exclude=("seq_len",))
+        lines.setdefault(key, (cfg, []))[1].append((t, pk))
+    out = [(cfg, sorted(pts)) for cfg, pts in lines.values() if len({t for t, _ in pts}) >= 2]
+    out.sort(key=lambda l: (str(l[0].get("model")), str(l[0].get("attention"))))
+    return out

@@ -32,10 +32,10 @@ MAX_TREND = 8          # point ids in the commit trend
 
 MODEL_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 CATEGORY_COLORS = {
-    "params": "#4c72b0", "master": "#8172b2", "grads": "#dd8452", "optimizer": "#c44e52",
+    "params": "#4c72b0", "master": "#8172b2", "casts": "#a1c9f4", "grads": "#dd8452", "optimizer": "#c44e52",
     "activations": "#55a868", "temporaries": "#937860", "workspace": "#da8bc3", "io": "#8c8c8c",
 }
-EXTRA_COLORS = ["#ccb974", "#64b5cd", "#b0b0b0", "#a1c9f4"]
+EXTRA_COLORS = ["#ccb974", "#64b5cd", "#b0b0b0", "#ffb482"]
 
 matplotlib.rcParams.update({
     "font.size": 9,
@@ -442,6 +442,63 @@ def checkpoint_curve(points: Sequence[dict], outdir: pathlib.Path, formats: Sequ
     if others:
         chart.notes.append(f"Non-numeric checkpoint settings ({', '.join(others)}) are not on the density axis; "
                            "see the knob effects table.")
+    chart.files = _save(fig, outdir, key, formats)
+    return chart
+
+
+# ---------------------------------------------------------------------------------------------
+# 4b. Sequence length: math vs flash attention
+
+
+def seq_len_curve(points: Sequence[dict], estimates: Sequence[dict], outdir: pathlib.Path,
+                  formats: Sequence[str]) -> Chart:
+    """Peak memory against sequence length: measured points that differ only in seq_len (left)
+    and, from `memtrade estimate --json` documents, predicted ones (right, labelled with the
+    memory model's backend). Attention kinds are told apart by line style."""
+    key, title = "seq-len", "Peak memory vs sequence length (math vs flash attention)"
+    measured = A.seq_len_lines(A.ok_points(points), A.peak)
+    predicted_rows = [r for e in estimates for r in e["points"]]
+    predicted_lines = A.seq_len_lines(predicted_rows, lambda r: r.get("peak_allocated"))
+    if not measured and not predicted_lines:
+        return _skip(key, title, "no points that differ only in sequence length")
+    panels = [(l, "measured") for l in [measured] if l] + \
+             [(l, "predicted") for l in [predicted_lines] if l]
+    fig = _figure(5.2 * len(panels) + 1.0, 4.8)
+    chart = Chart(key=key, title=title, headers=["kind", "line", "tokens", "peak"])
+    for n, (lines, kind) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), n + 1)
+        allp = [p for _, pts in lines for p in pts]
+        unit, div = A.memory_unit(max(pk for _, pk in allp))
+        lk = [k for k in A.varying_knobs([{"config": c} for c, _ in lines])
+              if k not in ("seq_len", "attention", "model")]
+        # One colour per line apart from the attention kind, which is the line style.
+        colours: dict[tuple, str] = {}
+        for cfg, pts in lines[:MAX_LINES * 2]:
+            flash = cfg.get("attention") == "flash"
+            rest = A.knob_tuple(cfg, exclude=("seq_len", "attention"))
+            colour = colours.setdefault(rest, MODEL_COLORS[len(colours) % len(MODEL_COLORS)])
+            extra = A.compact_label(cfg, lk) if lk else ""
+            lab = " ".join(x for x in (str(cfg.get("model")), extra, str(cfg.get("attention")))
+                           if x)
+            ax.plot([t for t, _ in pts], [pk / div for _, pk in pts], marker="s" if flash else "o",
+                    ls="--" if flash else "-", color=colour, lw=1.6, label=lab)
+            for t, pk in pts:
+                chart.rows.append([kind, lab, str(t), A.fmt_bytes(pk)])
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(_plain_fmt())
+        ax.set_xlabel("sequence length (tokens)")
+        ax.set_ylabel(f"peak allocated memory ({unit})")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
+        ax.grid(alpha=0.25)
+        backends = sorted({str(e.get("backend")) for e in estimates})
+        sub = ("measured on this machine" if kind == "measured" else
+               f"predicted by the {'/'.join(backends).upper()} memory model (not measured)")
+        ax.set_title(sub, fontsize=9)
+        ax.legend(frameon=False, fontsize=7.5)
+    fig.suptitle(title, fontsize=11)
+    chart.notes.append("Solid: math attention (the (B, heads, T, T) probabilities are kept for "
+                       "backward, so memory grows quadratically); dashed: flash (output and a "
+                       "log-sum-exp per row, linear in T).")
     chart.files = _save(fig, outdir, key, formats)
     return chart
 

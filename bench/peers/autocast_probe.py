@@ -18,6 +18,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+import torch_models  # noqa: E402
+
 N, C, T, NH = 4, 16, 8, 2  # small shapes: dtypes and what is saved do not depend on size
 
 
@@ -116,6 +119,26 @@ def cases():
             x = _act(N, dtype=dt)
             return {"x": x}, lambda: x.sum()
         out.append(("sum", "x.sum()", d, sum_))
+
+        # The Llama twin's own modules (bench/peers/torch_models.py), as HF writes them.
+        def rmsnorm(dt=dt):
+            norm = torch_models.LlamaRMSNorm(C, 1e-5)
+            x = _act(N, C, dtype=dt)
+            return {"x": x, "weight": norm.weight}, lambda: norm(x)
+        out.append(("rmsnorm", "LlamaRMSNorm", d, rmsnorm))
+
+        def rope(dt=dt):
+            q = _act(N, NH, T, C // NH, dtype=dt)
+            emb = torch.randn(T, C // NH)
+            cos, sin = emb.cos().to(dt), emb.sin().to(dt)  # HF: cast to x's dtype outside autocast
+            return ({"q": q, "cos": cos, "sin": sin},
+                    lambda: q * cos + torch_models.rotate_half(q) * sin)
+        out.append(("rope", "q·cos + rotate_half(q)·sin", d, rope))
+
+        def swiglu(dt=dt):
+            g, u = _act(N, 4 * C, dtype=dt), _act(N, 4 * C, dtype=dt)
+            return {"gate": g, "up": u}, lambda: F.silu(g) * u
+        out.append(("swiglu", "F.silu(gate) * up", d, swiglu))
 
     def embedding():
         w, idx = _leaf(32, C), torch.randint(0, 32, (N, T))

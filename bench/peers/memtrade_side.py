@@ -20,19 +20,15 @@ class BadInput(Exception):
 
 
 def run(binary, args, what):
-    """Runs `binary args...`; a failure is BadInput carrying memtrade's own last line."""
-    try:
-        r = subprocess.run([str(binary), *args], capture_output=True, text=True)
-    except OSError as e:
-        raise BadInput(f"cannot run {binary}: {e}") from None
-    if r.returncode != 0:
-        out = r.stderr.strip() or r.stdout.strip() or f"exit code {r.returncode}"
-        raise BadInput(f"memtrade {what} failed: {out.splitlines()[-1]}")
+    """Runs `binary args...` (run_output, its stdout dropped)."""
+    run_output(binary, args, what)
 
 
-def knob_flags(model, batch_size, checkpoint, precision, accumulation=1):
+def knob_flags(model, batch_size, checkpoint, precision, accumulation=1,
+               autocast_policy="torch-cuda"):
     return ["--backend", "cpu", "--model", model, "--batch-size", str(batch_size),
             "--checkpoint", str(checkpoint), "--precision", precision,
+            "--autocast-policy", autocast_policy,
             "--accumulation", str(accumulation), "--optimizer", "sgd"]
 
 
@@ -76,16 +72,17 @@ def read_trace(path):
     return doc
 
 
-def activations_at_end_of_forward(trace):
-    """memtrade's `activations` bytes live at the end of the traced step's last forward.
+def live_at_end_of_forward(trace, category="activations"):
+    """memtrade's `category` bytes live at the end of the traced step's last forward.
 
     The end of forward is the last point in the event stream where the allocator's phase label
     changes from "forward" to "backward": after the last forward event that a backward event
     follows (with accumulation: the last micro-batch's forward). Live bytes are
-    live_at_start["activations"] plus the step's activations allocs minus its activations frees
-    up to there, in allocator bytes (`bytes`, rounded as the caching allocator rounds) and in
-    requested bytes (`requested`, what the tensors asked for; live_at_start is 0 in both at a
-    step's start, or the requested count is reported as None).
+    live_at_start[category] plus the step's allocs minus its frees of that category up to there,
+    in allocator bytes (`bytes`, rounded as the caching allocator rounds) and in requested bytes
+    (`requested`, what the tensors asked for; live_at_start is 0 in both at a step's start, or
+    the requested count is reported as None). `activations` is what forward keeps for backward;
+    `casts` autocast's 16-bit weight copies.
     Returns {"bytes": int, "requested": int or None, "event": index of that last forward event}.
     """
     events = trace["events"]
@@ -96,10 +93,10 @@ def activations_at_end_of_forward(trace):
     if end is None:
         raise BadInput(f"{trace.get('_path', 'trace')}: no forward->backward phase change "
                        f"(not a training step?)")
-    start = int(trace.get("live_at_start", {}).get("activations", 0))
+    start = int(trace.get("live_at_start", {}).get(category, 0))
     live, requested = start, start
     for e in events[: end + 1]:
-        if e.get("category") != "activations" or e["kind"] not in ("alloc", "free"):
+        if e.get("category") != category or e["kind"] not in ("alloc", "free"):
             continue
         sign = 1 if e["kind"] == "alloc" else -1
         live += sign * e["bytes"]

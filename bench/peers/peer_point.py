@@ -18,10 +18,7 @@ import memtrade_side  # noqa: E402
 
 def skip_reason(cfg, device):
     """Knob settings PyTorch eager has no counterpart for (the point becomes a 'skipped' row)."""
-    ck, off, prec = str(cfg.get("checkpoint")), cfg.get("offload"), cfg.get("precision")
-    if ck == "selective":
-        return ("checkpoint=selective: PyTorch eager has no selective recomputation "
-                "(torch.utils.checkpoint drops whole regions)")
+    off, prec = cfg["offload"], cfg["precision"]
     if off == "optimizer":
         return "offload=optimizer: no ZeRO-Offload equivalent in PyTorch eager"
     if off == "params":
@@ -30,6 +27,13 @@ def skip_reason(cfg, device):
         return "precision=tf32 is a CUDA tensor-core format"
     if device != "cuda" and prec == "fp16":
         return "precision=fp16 (autocast + GradScaler) needs CUDA"
+    if prec in ("fp16-o2", "bf16-o2"):
+        return (f"precision={prec}: O2 mixed precision (16-bit weights and activations, fp32 "
+                f"master) has no PyTorch eager counterpart")
+    policy = cfg["autocast_policy"]
+    if prec in ("fp16", "bf16") and policy != f"torch-{device}":
+        return (f"autocast_policy={policy}: torch.autocast on {device} follows PyTorch's "
+                f"{device} lists (memtrade's torch-{device} policy)")
     if device != "cuda" and prec == "fp16-pure":
         return "precision=fp16-pure: PyTorch's CPU kernels lack fp16 (LayerNorm, addmm)"
     return None
@@ -37,7 +41,13 @@ def skip_reason(cfg, device):
 
 def init_like_memtrade(torch, model, family, hyper):
     """GPT: nanoGPT's init (N(0, 0.02), residual projections 0.02/sqrt(2L), zero biases), as
-    memtrade's models/gpt.cpp. MLP/CNN keep PyTorch's defaults, which memtrade mirrors."""
+    memtrade's models/gpt.cpp. Llama: HF's (N(0, 0.02) for every matrix, RMSNorm weights 1), as
+    models/llama.cpp. MLP/CNN keep PyTorch's defaults, which memtrade mirrors."""
+    if family == "llama":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.02) if p.dim() == 2 else p.fill_(1.0)
+        return
     if family != "gpt":
         return
     proj = 0.02 / math.sqrt(2 * hyper["n_layer"])
@@ -107,10 +117,11 @@ def run_point(spec):
     model = model.to(device=dev, dtype=param_dtype)  # the tied head stays tied
     model.train(train)
     n_blocks = len(torch_models.parts(model)[1])
-    plan = [tuple(s) for s in memtrade_side.checkpoint_plan(resolved, n_blocks)["segments"]]
+    plan = memtrade_side.checkpoint_plan(resolved, n_blocks)
 
     def forward(x, t):
-        return torch_models.plan_forward(model, plan, x, t)
+        return torch_models.plan_forward(model, [tuple(s) for s in plan["segments"]], x, t,
+                                         selective=plan["selective"])
 
     # Data: seeded random micro-batches on the host (fresh ones every step, as memtrade's data
     # stream: a model that saw the same batch twice would drift from memtrade's loss), copied to
@@ -118,7 +129,7 @@ def run_point(spec):
     g = torch.Generator().manual_seed(seed)
 
     def micro_batch():
-        if family == "gpt":
+        if family in ("gpt", "llama"):
             T = int(hyper.get("seq_len", hyper["block_size"]))
             x = torch.randint(0, hyper["vocab_size"], (B, T), generator=g)  # (B, T)
             t = torch.randint(0, hyper["vocab_size"], (B, T), generator=g)  # (B, T)
@@ -135,7 +146,7 @@ def run_point(spec):
     input_bytes = sum(x.numel() * x.element_size() + t.numel() * t.element_size()
                       for x, t in batches[0])  # one step's worth
     tokens_per_sample = int(hyper.get("seq_len", hyper.get("block_size", 1))) \
-        if family == "gpt" else 1
+        if family in ("gpt", "llama") else 1
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch_models.make_optimizer(resolved["optimizer_hyper"], params) if train else None

@@ -3,6 +3,9 @@
 Used by the reference tests (tests/python/), the peers (torch_step.py, saved_bytes.py) and the
 CPU peer benchmark. The GPT is nanoGPT's architecture (pre-LN, causal attention, GELU tanh, tied
 head, no dropout) with nanoGPT's names, so a memtrade dump loads with `load_state_dict` as is.
+The Llama is HF transformers' LlamaForCausalLM written from the architecture (RMSNorm, rotary
+embeddings with rotate_half and llama3 rope scaling, grouped-query attention with repeat_kv,
+SwiGLU, no biases, tied or untied head) with HF's parameter names; transformers is not used.
 
 Every twin is cut at memtrade's block boundaries (models/block_model.h): `stem_fn(x)`, the list
 `block_fns()` (memtrade's block i is block_fns()[i]) and `head_fn(x, targets)` (the mean loss);
@@ -16,6 +19,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+# Told every checkpoint's inputs (what a non-reentrant checkpoint keeps through its closure, and
+# no saved-tensor hook sees): set by plan_forward for the duration of a forward.
+_on_checkpoint = None
+
+
+def checkpoint(label, fn, *args):
+    """torch.utils.checkpoint (non-reentrant) of fn(*args), reported to the observer."""
+    if _on_checkpoint is not None:
+        _on_checkpoint(label, *args)
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd, n_head, block_size):
@@ -26,6 +40,16 @@ class CausalSelfAttention(nn.Module):
         mask = torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size)
         self.register_buffer("bias", mask, persistent=False)
 
+    selective = False  # Megatron's selective recompute: the attention core is checkpointed
+
+    def core(self, q, k, v):
+        """The attention core, (B, NH, T, hd) each -> (B, NH, T, hd): what selective drops."""
+        T = q.size(2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, NH, T, T)
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        return att @ v
+
     def forward(self, x):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -33,10 +57,11 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hd).transpose(1, 2)  # (B, NH, T, hd)
         k = k.view(B, T, self.n_head, hd).transpose(1, 2)
         v = v.view(B, T, self.n_head, hd).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, NH, T, T)
-        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        if self.selective:
+            y = checkpoint("attention core input", self.core, q, k, v)
+        else:
+            y = self.core(q, k, v)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 
 
@@ -64,16 +89,20 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, n_layer, n_head, n_embd, vocab_size, block_size, **_):
+    def __init__(self, n_layer, n_head, n_embd, vocab_size, block_size, norm_eps=1e-5,
+                 tie_word_embeddings=True, **_):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocab_size, n_embd),
             wpe=nn.Embedding(block_size, n_embd),
             h=nn.ModuleList([Block(n_embd, n_head, block_size) for _ in range(n_layer)]),
-            ln_f=nn.LayerNorm(n_embd, eps=1e-5),
+            ln_f=nn.LayerNorm(n_embd, eps=norm_eps),
         ))
+        for block in self.transformer.h:
+            block.ln_1.eps = block.ln_2.eps = norm_eps
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied
+        if tie_word_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
 
     def stem_fn(self, idx):
         pos = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)
@@ -88,6 +117,130 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         return plan_forward(self, [(0, len(self.transformer.h), False)], idx, targets)
+
+
+class LlamaRMSNorm(nn.Module):
+    """weight · x/√(mean(x²) + eps), computed in float32 (or wider) and rounded back to x's dtype
+    before the weight multiplies it, as HF's LlamaRMSNorm."""
+
+    def __init__(self, n, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.to(torch.promote_types(x.dtype, torch.float32))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def llama_inv_freq(head_dim, theta, scaling):
+    """The head_dim/2 rotary inverse frequencies in float32, with rope_scaling of type llama3
+    (Llama 3.1/3.2): long wavelengths divided by factor, short ones kept, a smooth blend between."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if not scaling:
+        return inv
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+    return torch.where(medium, blended, scaled)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, n_embd, n_head, n_kv_head, inv_freq):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.hd = n_head, n_kv_head, n_embd // n_head
+        self.q_proj = nn.Linear(n_embd, n_head * self.hd, bias=False)
+        self.k_proj = nn.Linear(n_embd, n_kv_head * self.hd, bias=False)
+        self.v_proj = nn.Linear(n_embd, n_kv_head * self.hd, bias=False)
+        self.o_proj = nn.Linear(n_head * self.hd, n_embd, bias=False)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x):
+        B, T, _ = x.size()
+        q = self.q_proj(x).view(B, T, self.n_head, self.hd).transpose(1, 2)  # (B, NH, T, hd)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.hd).transpose(1, 2)  # (B, NKV, T, hd)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.hd).transpose(1, 2)
+        # Angles t·inv_freq in float32, cos and sin in float32, then x's dtype (HF's rotary).
+        freqs = torch.arange(T, dtype=torch.float32, device=x.device)[:, None] * \
+            self.inv_freq.float()[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        rep = self.n_head // self.n_kv_head  # repeat_kv: query head h reads kv head h // rep
+        k = k[:, :, None].expand(B, self.n_kv_head, rep, T, self.hd).reshape(B, self.n_head, T, self.hd)
+        v = v[:, :, None].expand(B, self.n_kv_head, rep, T, self.hd).reshape(B, self.n_head, T, self.hd)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)  # (B, NH, T, T)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~mask, float("-inf"))
+        att = F.softmax(att, dim=-1, dtype=torch.promote_types(att.dtype, torch.float32)).to(q.dtype)
+        y = (att @ v).transpose(1, 2).reshape(B, T, self.n_head * self.hd)
+        return self.o_proj(y)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, n_embd, intermediate_size):
+        super().__init__()
+        self.gate_proj = nn.Linear(n_embd, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(n_embd, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, n_embd, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, n_embd, n_head, n_kv_head, intermediate_size, norm_eps, inv_freq):
+        super().__init__()
+        self.self_attn = LlamaAttention(n_embd, n_head, n_kv_head, inv_freq)
+        self.mlp = LlamaMLP(n_embd, intermediate_size)
+        self.input_layernorm = LlamaRMSNorm(n_embd, norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(n_embd, norm_eps)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    """LlamaForCausalLM: `model.embed_tokens`, `model.layers`, `model.norm`, `lm_head`."""
+
+    def __init__(self, n_layer, n_head, n_kv_head, n_embd, intermediate_size, vocab_size,
+                 rope_theta, norm_eps, tie_word_embeddings, rope_scaling=None, **_):
+        super().__init__()
+        inv_freq = llama_inv_freq(n_embd // n_head, rope_theta, rope_scaling)
+        self.model = nn.ModuleDict(dict(
+            embed_tokens=nn.Embedding(vocab_size, n_embd),
+            layers=nn.ModuleList([LlamaDecoderLayer(n_embd, n_head, n_kv_head, intermediate_size,
+                                                    norm_eps, inv_freq) for _ in range(n_layer)]),
+            norm=LlamaRMSNorm(n_embd, norm_eps),
+        ))
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        if tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def stem_fn(self, idx):
+        return self.model.embed_tokens(idx)  # (B, T, C): no positions, RoPE is in attention
+
+    def block_fns(self):
+        return list(self.model.layers)
+
+    def head_fn(self, x, targets):
+        logits = self.lm_head(self.model.norm(x))  # (B, T, V)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+    def forward(self, idx, targets):
+        return plan_forward(self, [(0, len(self.model.layers), False)], idx, targets)
 
 
 class MLPNet(nn.Module):
@@ -136,8 +289,18 @@ class BasicBlock(nn.Module):
             self.downsample = nn.Sequential(nn.Conv2d(ci, co, 1, stride=stride, bias=False),
                                             nn.BatchNorm2d(co))
 
+    selective = False  # memtrade's CNN selective: bn1 -> relu -> conv2 is recomputed
+
+    def inner(self, c1):
+        return self.conv2(F.relu(self.bn1(c1)))
+
     def forward(self, x):
-        y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        c1 = self.conv1(x)
+        if self.selective:
+            c2 = checkpoint("bn1-relu-conv2 input", self.inner, c1)
+        else:
+            c2 = self.inner(c1)
+        y = self.bn2(c2)
         return F.relu(y + (self.downsample(x) if self.downsample is not None else x))
 
 
@@ -170,16 +333,31 @@ def parts(model):
     return model.stem_fn, model.block_fns(), model.head_fn
 
 
-def plan_forward(model, segments, x, targets, on_checkpoint=None):
+def plan_forward(model, segments, x, targets, on_checkpoint=None, selective=False):
     """The twin's forward (the mean loss) with memtrade's checkpoint plan.
 
     `segments`: [(begin, end, recompute)] covering the blocks in order (memtrade's
     CheckpointPlan::segments). A recomputed segment runs under torch.utils.checkpoint with
     use_reentrant=False, which keeps only the segment's input and recomputes the rest in
-    backward. `on_checkpoint(begin, end, x)` is told each recomputed segment's input.
+    backward. `selective` (memtrade's plan) checkpoints the attention core of every GPT block
+    (Megatron's selective recompute) and bn1 -> relu -> conv2 of every CNN block.
+    `on_checkpoint(label, *inputs)` is told every checkpoint's inputs.
     """
+    global _on_checkpoint
     stem, blocks, head = parts(model)
+    switches = [m for m in model.modules() if hasattr(type(m), "selective")]
+    for m in switches:
+        m.selective = selective
+    _on_checkpoint = on_checkpoint
+    try:
+        return _plan_forward(stem, blocks, head, segments, x, targets)
+    finally:
+        _on_checkpoint = None
+        for m in switches:
+            m.selective = False
 
+
+def _plan_forward(stem, blocks, head, segments, x, targets):
     def run(begin, end):
         def segment(h):
             for block in blocks[begin:end]:
@@ -190,9 +368,7 @@ def plan_forward(model, segments, x, targets, on_checkpoint=None):
     h = stem(x)
     for begin, end, recompute in segments:
         if recompute:
-            if on_checkpoint is not None:
-                on_checkpoint(begin, end, h)
-            h = torch.utils.checkpoint.checkpoint(run(begin, end), h, use_reentrant=False)
+            h = checkpoint(f"checkpoint blocks {begin}..{end - 1} input", run(begin, end), h)
         else:
             h = run(begin, end)(h)
     return head(h, targets)
@@ -201,6 +377,8 @@ def plan_forward(model, segments, x, targets, on_checkpoint=None):
 def build(family, hyper):
     if family == "gpt":
         return GPT(**hyper)
+    if family == "llama":
+        return Llama(**hyper)
     if family == "mlp":
         return MLPNet(**hyper)
     if family == "cnn":

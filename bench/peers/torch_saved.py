@@ -59,8 +59,9 @@ def checkpoint_rng_state_bytes():
     return torch.get_rng_state().numel()
 
 
-def family_of(model_name):
-    return model_name.split("-")[0]
+def family_of(hyper):
+    """The twin family: memtrade writes it into the hyper-parameters."""
+    return hyper["family"]
 
 
 def make_batch(family, hyper, batch, dump_dir=None):
@@ -73,8 +74,8 @@ def make_batch(family, hyper, batch, dump_dir=None):
         t = torch.from_numpy(np.load(d / "targets.npy"))[-batch:].long()
         return (x.long() if x.dtype == torch.int32 else x.float()), t
     g = torch.Generator().manual_seed(0)
-    if family == "gpt":
-        T, V = int(hyper["block_size"]), int(hyper["vocab_size"])
+    if family in ("gpt", "llama"):
+        T, V = int(hyper["seq_len"]), int(hyper["vocab_size"])
         return (torch.randint(0, V, (batch, T), generator=g),
                 torch.randint(0, V, (batch, T), generator=g))
     if family == "mlp":
@@ -85,9 +86,9 @@ def make_batch(family, hyper, batch, dump_dir=None):
             torch.randint(0, int(hyper["classes"]), (batch,), generator=g))
 
 
-def build_twin(model_name, hyper):
+def build_twin(hyper):
     torch.manual_seed(0)
-    model = torch_models.build(family_of(model_name), hyper)
+    model = torch_models.build(family_of(hyper), hyper)
     model.train()
     return model
 
@@ -139,6 +140,7 @@ class SavedRecorder:
         self.excluded |= {storage_key(b)[0] for b in model.buffers()}
         self.batch = {storage_key(t)[0] for t in inputs}  # allocated before the forward
         self.saved = {}  # storage data_ptr -> Saved
+        self.checkpoint_calls = 0  # checkpoints run (segments and selective cores)
         self.excluded_seen = 0  # parameter/buffer saves (not counted)
         self._stack, self._last = [], ""
         self._handles = []
@@ -180,9 +182,11 @@ class SavedRecorder:
             self._add(t, "saved")
         return t
 
-    def on_checkpoint(self, begin, end, x):
-        self._stack.append(f"checkpoint blocks {begin}..{end - 1} input")
-        self._add(x, "checkpoint_input")
+    def on_checkpoint(self, label, *inputs):
+        self.checkpoint_calls += 1
+        self._stack.append(label)
+        for x in inputs:
+            self._add(x, "checkpoint_input")
         self._stack.pop()
 
     def close(self):
@@ -216,12 +220,14 @@ def autocast_context(mode):
     raise ValueError(f"--autocast {mode!r}: expected one of {', '.join(AUTOCAST)}")
 
 
-def _forward(model, segments, x, t, autocast, on_checkpoint=None):
+def _forward(model, plan, x, t, autocast, on_checkpoint=None):
+    """The twin's forward under memtrade's plan ({"selective", "plan"})."""
     with autocast_context(autocast):
-        return torch_models.plan_forward(model, segments, x, t, on_checkpoint)
+        return torch_models.plan_forward(model, plan["segments"], x, t, on_checkpoint,
+                                         plan["selective"])
 
 
-def measure_hooks(model, segments, x, t, autocast="none"):
+def measure_hooks(model, plan, x, t, autocast="none"):
     """Method (a). Returns the SavedRecorder (its `saved` dict is the per-storage breakdown)."""
     rec = SavedRecorder(model, [x, t])
     keep = {}  # data_ptr -> one tensor on it (for the weight-cast check)
@@ -232,7 +238,7 @@ def measure_hooks(model, segments, x, t, autocast="none"):
 
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda p: p):
-            loss = _forward(model, segments, x, t, autocast, rec.on_checkpoint)
+            loss = _forward(model, plan, x, t, autocast, rec.on_checkpoint)
         rec.check_weight_casts(keep)
         keep.clear()
         loss.backward()  # the hooks' unpack runs here: the saved graph was whole
@@ -261,20 +267,20 @@ def malloc_in_use():
     return m.uordblks + m.hblkhd
 
 
-def _train_steps(model, segments, x, t, autocast, n):
+def _train_steps(model, plan, x, t, autocast, n):
     for _ in range(n):
-        _forward(model, segments, x, t, autocast).backward()
+        _forward(model, plan, x, t, autocast).backward()
         model.zero_grad(set_to_none=True)
 
 
-def measure_mallinfo(model, segments, x, t, autocast="none", warmup=2):
+def measure_mallinfo(model, plan, x, t, autocast="none", warmup=2):
     """Method (b): raw bytes the forward left allocated (see module doc) and the loss bytes."""
-    _train_steps(model, segments, x, t, autocast, warmup)
+    _train_steps(model, plan, x, t, autocast, warmup)
     gc.collect()
     gc.disable()
     try:
         before = malloc_in_use()
-        loss = _forward(model, segments, x, t, autocast)
+        loss = _forward(model, plan, x, t, autocast)
         after = malloc_in_use()
         loss_bytes = storage_key(loss)[1]
         loss.backward()
@@ -285,13 +291,13 @@ def measure_mallinfo(model, segments, x, t, autocast="none", warmup=2):
     return after - before, loss_bytes
 
 
-def measure_profiler(model, segments, x, t, autocast="none", warmup=1):
+def measure_profiler(model, plan, x, t, autocast="none", warmup=1):
     """Method (c): net c10 CPU allocator bytes over the forward, and the loss bytes."""
     from torch.profiler import ProfilerActivity, profile
 
-    _train_steps(model, segments, x, t, autocast, warmup)
+    _train_steps(model, plan, x, t, autocast, warmup)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        loss = _forward(model, segments, x, t, autocast)
+        loss = _forward(model, plan, x, t, autocast)
     # The raw allocator records, not the per-op attribution (which varies from run to run).
     net = sum(e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     loss_bytes = storage_key(loss)[1]
@@ -310,25 +316,25 @@ class TorchKept:
     mallinfo: int = None  # (b) raw
     profiler: int = None  # (c) raw
     loss: int = 0
-    checkpoints: int = 0  # recomputed segments
+    checkpoints: int = 0  # checkpoints run (each keeps an RNG state)
 
     def comparable(self, raw):
         """(b)/(c) on (a)'s footing: plus the saved batch, minus the loss and weight casts."""
         return None if raw is None else raw + self.inputs - self.loss - self.weight_casts
 
 
-def measure(model, segments, x, t, autocast="none", mallinfo=True, profiler=False):
+def measure(model, plan, x, t, autocast="none", mallinfo=True, profiler=False):
     """All methods on one point; returns (TorchKept, SavedRecorder of method (a))."""
-    rec = measure_hooks(model, segments, x, t, autocast)
+    rec = measure_hooks(model, plan, x, t, autocast)
     kept = TorchKept(
         hooks=rec.bytes_of("activation", "input", "checkpoint_input"),
         hooks_only=rec.bytes_of("activation", "input"),
         checkpoint_inputs=rec.bytes_of("checkpoint_input"),
         inputs=rec.pre_existing_bytes(),
         weight_casts=rec.bytes_of("weight_cast"),
-        checkpoints=sum(1 for s in segments if s[2]))
+        checkpoints=rec.checkpoint_calls)
     if mallinfo:
-        kept.mallinfo, kept.loss = measure_mallinfo(model, segments, x, t, autocast)
+        kept.mallinfo, kept.loss = measure_mallinfo(model, plan, x, t, autocast)
     if profiler:
-        kept.profiler, kept.loss = measure_profiler(model, segments, x, t, autocast)
+        kept.profiler, kept.loss = measure_profiler(model, plan, x, t, autocast)
     return kept, rec

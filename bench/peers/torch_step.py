@@ -21,7 +21,9 @@ each in its own child), so the CUDA caching allocator's peaks never leak between
 How each knob maps onto PyTorch eager:
   precision   fp32: plain fp32, TF32 off for matmul and cuDNN; tf32: both on (CUDA only);
               fp16 / bf16: torch.autocast (fp32 weights = the master copy), fp16 with GradScaler
-              (memtrade's init scale and growth interval, growth x2, back-off x0.5);
+              (memtrade's init scale and growth interval, growth x2, back-off x0.5), on the
+              device's own op lists: memtrade's autocast_policy must name that device;
+              fp16-o2 / bf16-o2 (16-bit weights, fp32 master) have no eager counterpart;
               fp16-pure / bf16-pure: model.half() / .bfloat16(); fp16-pure keeps memtrade's
               dynamic loss scaling by hand (GradScaler refuses fp16 gradients).
   checkpoint  torch.utils.checkpoint (non-reentrant) on memtrade's resolved plan (its

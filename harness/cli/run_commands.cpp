@@ -254,6 +254,10 @@ int cmd_merge(const std::vector<std::string>& inputs, const std::string& out,
 // `memtrade knobs`: the knob table, as a table for people, JSON for tools (reports/,
 // bench/peers/) or Markdown (the knob table of docs/design.md, which make docs regenerates).
 int cmd_knobs(const std::string& format) {
+  // An empty default (model_config: no file) is shown as "".
+  auto default_of = [](const Knob& k) {
+    return k.default_text().empty() ? std::string("\"\"") : k.default_text();
+  };
   if (format == "json") {
     fmt::print("{}\n", knobs_json().dump(1));
     return 0;
@@ -269,7 +273,7 @@ int cmd_knobs(const std::string& format) {
                          : k.id_rule == IdRule::non_default ? " (when not default)"
                                                             : " (where it applies)";
       fmt::print("| `{}` | `{}` | `{}`{} | `{}` | {} | {} |\n", k.name, k.flag,
-                 k.id_prefix.empty() ? "value" : k.id_prefix + "…", rule, k.default_text(), values,
+                 k.id_prefix.empty() ? "value" : k.id_prefix + "…", rule, default_of(k), values,
                  k.help);
     }
     return 0;
@@ -277,7 +281,7 @@ int cmd_knobs(const std::string& format) {
   fmt::print("{:<13} {:<15} {:<12} {:<5} {}\n", "axis", "flag", "default", "id", "values");
   for (const Knob& k : knobs()) {
     const auto choices = k.choices();
-    fmt::print("{:<13} {:<15} {:<12} {:<5} {}\n", k.name, k.flag, k.default_text(),
+    fmt::print("{:<13} {:<15} {:<12} {:<5} {}\n", k.name, k.flag, default_of(k),
                k.id_prefix.empty() ? "-" : k.id_prefix,
                choices.empty() ? k.values_text : fmt::format("{}", fmt::join(choices, " | ")));
   }

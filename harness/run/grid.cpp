@@ -73,7 +73,8 @@ std::vector<std::string> axis_values(const GridError& err, const std::string& ax
 // A grid point. An axis that does not apply to the point's model (seq_len of an MLP) takes its
 // default, so `model = [gpt, mlp] x seq_len = [...]` varies seq_len of the GPT only (the MLP's
 // duplicates collapse into one point by id).
-TrainConfig config_from_values(const GridError& err, const std::map<std::string, std::string>& values,
+TrainConfig config_from_values(const GridError& err,
+                               const std::map<std::string, std::string>& values,
                                std::uint64_t seed) {
   TrainConfig c;
   for (const auto& [axis, value] : values) set_knob(c, knob(axis), value);

@@ -97,7 +97,7 @@ class DryRunOps final : public Ops {
     auto dqkv32 = f32_copy(dqkv, alloc);
   }
 
-  void embedding_forward(Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
+  void embedding_forward(Tensor&, const Tensor&, const Tensor&, const Tensor*) override {}
   void embedding_backward(Tensor* dwte, Tensor*, const Tensor&, const Tensor& tokens,
                           bool) override {
     if (dwte) Tensor order(*dwte->allocator(), {tokens.numel()}, DType::I32, Category::temporaries);

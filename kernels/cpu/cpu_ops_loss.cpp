@@ -51,11 +51,11 @@ void row_logsumexp(const Tensor& logits, std::int64_t base, std::int64_t v, floa
 }  // namespace
 
 void CpuOps::embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte,
-                               const Tensor& wpe) {
+                               const Tensor* wpe) {
   constexpr std::string_view op = "embedding_forward";
   check_float(op, "out", out);
   check_i32(op, "tokens", tokens);
-  check_embedding_shapes(op, out, tokens, &wte, &wpe);
+  check_embedding_shapes(op, out, tokens, &wte, wpe);
   check_tokens(op, tokens, wte.dim(0));
   const std::int64_t bt = tokens.numel(), t_len = tokens.dim(1), c = out.dim(2);
   const std::int32_t* tk = tokens.as<std::int32_t>();
@@ -65,9 +65,13 @@ void CpuOps::embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& 
     for (std::int64_t o = 0; o < c; o += kChunk) {
       const std::int64_t len = std::min(kChunk, c - o);
       const float* e = read_f32(wte, tk[i] * c + o, len, be);
-      const float* p = read_f32(wpe, (i % t_len) * c + o, len, bp);
       float* y = dest_f32(out, i * c + o, bo);
-      for (std::int64_t j = 0; j < len; ++j) y[j] = e[j] + p[j];
+      if (wpe) {
+        const float* p = read_f32(*wpe, (i % t_len) * c + o, len, bp);
+        for (std::int64_t j = 0; j < len; ++j) y[j] = e[j] + p[j];
+      } else {
+        std::copy(e, e + len, y);
+      }
       write_f32(out, i * c + o, len, y);
     }
   }

@@ -206,7 +206,7 @@ class CudaOps final : public Ops {
                                 int n_kv_head) override;
 
   void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte,
-                         const Tensor& wpe) override;
+                         const Tensor* wpe) override;
   void embedding_backward(Tensor* dwte, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
                           bool accumulate) override;
   void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets) override;

@@ -33,7 +33,7 @@ __global__ void embedding_fwd_kernel(TO* out, const std::int32_t* tokens, const 
     const std::int64_t row = i / c, j = i % c;
     const std::int32_t tok = tokens[row];
     const float e = tok >= 0 && tok < vocab ? to_f(wte[tok * c + j]) : NAN;
-    out[i] = from_f<TO>(e + wpe[(row % t_len) * c + j]);
+    out[i] = from_f<TO>(wpe.p ? e + wpe[(row % t_len) * c + j] : e);  // wpe.p null: no positions
   }
 }
 
@@ -168,12 +168,12 @@ __global__ void sum_final_kernel(double* out, const double* partials, int n) {
 }  // namespace
 
 void CudaOps::embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                const Tensor& wpe) {
+                                const Tensor* wpe) {
   NvtxRange range("embedding_forward");
   constexpr std::string_view op = "embedding_forward";
   check_float(op, "out", out);
   check_i32(op, "tokens", tokens);
-  check_embedding_shapes(op, out, tokens, &wte, &wpe);
+  check_embedding_shapes(op, out, tokens, &wte, wpe);
   const std::int64_t bt = tokens.numel(), t_len = tokens.dim(1), c = out.dim(2);
   if (bt * c == 0) return;
   dispatch_float(out.dtype(), op, [&](auto o) {
@@ -181,8 +181,9 @@ void CudaOps::embedding_forward(Tensor& out, const Tensor& tokens, const Tensor&
       using TO = decltype(o);
       using TW = decltype(w);
       embedding_fwd_kernel<TO, TW><<<grid_for(bt * c), kThreads, 0, stream_>>>(
-          out.as<TO>(), tokens.as<std::int32_t>(), wte.as<TW>(), AnyIn{wpe.data(), wpe.dtype()}, bt,
-          t_len, c, wte.dim(0));
+          out.as<TO>(), tokens.as<std::int32_t>(), wte.as<TW>(),
+          AnyIn{wpe ? wpe->data() : nullptr, wpe ? wpe->dtype() : DType::F32}, bt, t_len, c,
+          wte.dim(0));
       CUDA_CHECK_LAUNCH();
     });
   });

@@ -1,47 +1,127 @@
 // LayerCtx: what a layer's forward/backward needs besides its tensors — the device, the weights
-// and gradients (ParamStore), where to save for backward (SavedTensors) and how.
+// and gradients (ParamStore), where to save for backward (SavedTensors) and how, and which dtype
+// each op runs in.
+//
+// Dtypes. Outside autocast every activation, and every activation gradient, has the dtype `act`
+// (fp32, or 16 bits for the O2 and pure precisions). Under autocast (`amp`: fp16/bf16) each op
+// runs as torch.autocast runs it, per the policy's rule for its kind (models/autocast_policy.h):
+//   - a layer asks in_dtype/out_dtype for an op's input and output dtype, and passes its inputs
+//     through cast_input, which makes autocast's cast where the op computes in another dtype than
+//     the input has (a new tensor; an op that saves its input saves the cast, as autograd does);
+//   - an op that computes in 16 bits reads its weights through op_weight: autocast's cached
+//     16-bit cast (ParamStore::weight_cast), kept with the segment for backward when the op's
+//     backward needs it (category casts, not activations);
+//   - backward follows autograd: a gradient has the dtype of the tensor it belongs to, so the
+//     gradient of a cast is cast back (grad_as: ToCopyBackward), and the gradient of a weight
+//     read through its 16-bit cast is computed in 16 bits and then cast to fp32 and assigned or
+//     added to the fp32 gradient (ParamGrad: ToCopyBackward + AccumulateGrad).
+// Outside autocast all of these are no-ops (same tensors, same allocations), which is what keeps
+// the O2 precisions byte for byte what fp16/bf16 were before autocast existed.
 #pragma once
 
+#include <optional>
 #include <string_view>
 
 #include "kernels/device.h"
+#include "models/autocast_policy.h"
 #include "models/model.h"
 #include "models/saved_tensors.h"
 
 namespace memtrade {
 
+// A parameter's index in Model::params(), -1 when absent (a Linear without bias).
+using ParamIndex = int;
+
+using autocast::Op;
+
 struct LayerCtx {
   Device& dev;
   ParamStore& store;
   SavedTensors& saved;
-  DType act = DType::F32;  // dtype of activations and of activation gradients
+  DType act = DType::F32;  // activations and their gradients outside autocast; under autocast
+                           // the dtype of the model input (fp32)
+  std::optional<AutocastSpec> amp;  // set: torch.autocast with this dtype and policy
   int segment = -1;        // SavedTensors segment: the block index, -1 stem, num_blocks head
   bool save = false;       // keep what backward needs (training, block not dropped)
   bool selective = false;  // skip saving what is cheap to recompute (selective checkpointing)
   bool recompute = false;  // re-running a forward for backward: no side effects (BN stats)
   AttentionKind attention = AttentionKind::math;  // RunOptions::attention
+  bool backward = false;  // in Model::backward: saved weight casts are read, never made
 
   Ops& ops() { return dev.ops(); }
   Tensor& weight(int index) { return store.weight(index); }
 
   // Saved for backward when `save`, else freed within the forward.
   Category cat() const { return save ? Category::activations : Category::temporaries; }
-  // An activation-dtype tensor that will be saved if this forward saves.
-  Tensor act_tensor(Shape shape) { return dev.empty(std::move(shape), act, cat()); }
+  // A tensor that will be saved if this forward saves: of dtype `act`, or `dtype`.
+  Tensor act_tensor(Shape shape) { return act_tensor(std::move(shape), act); }
+  Tensor act_tensor(Shape shape, DType dtype) { return dev.empty(std::move(shape), dtype, cat()); }
   // A buffer that never outlives the current forward/backward step of a layer.
   Tensor temp(Shape shape, DType dtype) {
     return dev.empty(std::move(shape), dtype, Category::temporaries);
   }
   Tensor temp(Shape shape) { return temp(std::move(shape), act); }
+  // A temporary shaped like `t`, of its dtype: the gradient of `t` in backward.
+  Tensor temp_like(const Tensor& t) { return temp(t.shape(), t.dtype()); }
 
   void keep(std::string_view key, Tensor t) {
     if (save) saved.save(segment, key, std::move(t));
   }
   Tensor& get(std::string_view key) { return saved.get(segment, key); }
   bool has(std::string_view key) const { return saved.has(segment, key); }
+
+  // ---- dtypes ---------------------------------------------------------------------------------
+  // The dtype `op` reads its floating inputs in / writes its output in, given the dtypes they
+  // arrive in (`other`: a second floating input, for ops that promote): `act` outside autocast,
+  // else the policy's rule.
+  DType in_dtype(Op op, DType in, DType other) const;
+  DType out_dtype(Op op, DType in, DType other) const;
+  DType in_dtype(Op op, const Tensor& in) const { return in_dtype(op, in.dtype(), in.dtype()); }
+  DType out_dtype(Op op, const Tensor& in) const { return out_dtype(op, in.dtype(), in.dtype()); }
+  // std::logic_error unless `t` already has the dtype `op` reads (for layers that leave the
+  // cast to their caller: a dataflow mistake fails loudly instead of computing mixed).
+  void expect_input(Op op, const Tensor& t) const;
+
+  // `t` in `op`'s input dtype: `t` itself, or autocast's cast of it (category cat()); a cast
+  // frees `t`.
+  Tensor cast_input(Op op, Tensor t);
+  // The same for a tensor the caller keeps: `t`, or the cast, made in `holder`.
+  const Tensor& cast_input(Op op, const Tensor& t, Tensor& holder);
+
+  // The weight params()[index] as `op` reads it: the stored weight, or autocast's cached 16-bit
+  // cast for an op that computes in 16 bits. With `kept` (the op's backward reads the weight) a
+  // saving forward keeps the cast with this segment, where backward finds it; without (a bias:
+  // no backward use) it lives in the cache until the autocast region ends.
+  const Tensor& op_weight(Op op, ParamIndex index, bool kept = true);
+  // The dtype op_weight gives, without making anything.
+  DType weight_dtype(Op op, ParamIndex index);
+
+  // A gradient in `dtype`, the dtype of the tensor it belongs to: `g` itself, or its cast (a
+  // temporary; the gradient of autocast's cast of that tensor), and then `g` is freed.
+  Tensor grad_as(Tensor g, DType dtype);
+  // The same for a gradient the caller keeps: `g`, or the cast, made in `holder`.
+  const Tensor& grad_as(const Tensor& g, DType dtype, Tensor& holder);
 };
 
-// A parameter's index in Model::params(), -1 when absent (a Linear without bias).
-using ParamIndex = int;
+// The gradient of params()[index] as an op writes it: in the dtype of the weight the op read.
+// When that is the stored weight's dtype, t() is the ParamStore's gradient itself (and
+// accumulate() its flag). An op that read autocast's 16-bit cast writes a 16-bit gradient into a
+// temporary instead (accumulate() false), which finish() casts to the fp32 gradient: assigned to
+// a fresh one, or added into an existing one through an fp32 temporary (autograd's ToCopyBackward
+// output, which AccumulateGrad adds in). Either way call finish() after the op.
+class ParamGrad {
+ public:
+  ParamGrad(LayerCtx& c, ParamIndex index, DType computed_in);
+  Tensor& t() { return computed_.defined() ? computed_ : *grad_; }
+  bool accumulate() const { return accumulate_; }
+  void finish();
+
+ private:
+  LayerCtx& c_;
+  ParamIndex index_;
+  Tensor computed_;  // the 16-bit gradient (autocast)
+  Tensor* grad_ = nullptr;
+  bool accumulate_ = false;
+};
 
 }  // namespace memtrade

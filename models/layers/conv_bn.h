@@ -2,7 +2,8 @@
 //
 // Saved under the layer's key: "<key>.conv" (the conv output = BN input), "<key>.mean",
 // "<key>.invstd". The conv input is saved by whoever owns it (it is the block input or the
-// previous ReLU output).
+// previous ReLU output). Under autocast the conv computes in 16 bits on its weight's cached cast
+// (kept for backward) and batch-norm runs in its input's dtype with fp32 weights and statistics.
 #pragma once
 
 #include <string>
@@ -22,7 +23,8 @@ struct ConvBn {
   static constexpr float kMomentum = 0.1f;
 };
 
-// inp (N, Ci, H, W) -> returns the BN output (N, Co, OH, OW) with category `out_category`.
+// inp (N, Ci, H, W), already in conv's input dtype (c.cast_input) -> returns the BN output
+// (N, Co, OH, OW) with category `out_category`.
 // Running statistics are updated unless c.recompute.
 Tensor conv_bn_forward(LayerCtx& c, const Tensor& inp, const ConvBn& l, Category out_category);
 // The BN output again from the saved conv output (selective recompute; no stat updates).

@@ -1,4 +1,6 @@
-// Token + position embedding (GPT-2): out (B·T, C) = wte[tokens] + wpe[t]. Saved: "tokens".
+// Token (+ position) embedding: out (B·T, C) = wte[tokens] (+ wpe[t]). GPT-2 has both tables;
+// a Llama has no learned positions (wpe = -1: RoPE rotates q and k inside attention instead).
+// Saved: "tokens".
 #pragma once
 
 #include "models/layers/context.h"
@@ -6,12 +8,13 @@
 namespace memtrade {
 
 struct Embedding {
-  ParamIndex wte = -1;  // (V, C), also the (tied) output head
-  ParamIndex wpe = -1;  // (block_size, C)
+  ParamIndex wte = -1;  // (V, C), also the output head when tied
+  ParamIndex wpe = -1;  // (block_size, C); -1: none
 };
 
-// tokens (B, T) I32 -> returns (B·T, C) in the activation dtype (category activations: it is the
-// residual stream). A copy of the tokens is saved when training.
+// tokens (B, T) I32 -> returns (B·T, C) in the activation dtype, or under autocast in the
+// weights' (fp32) (category activations: it is the residual stream). A copy of the tokens is saved
+// when training.
 Tensor embedding_forward(LayerCtx& c, const Tensor& tokens, const Embedding& e);
 // Scatters dout (B·T, C) (reshaped in place and back) into the wte and wpe gradients; each honours
 // its own accumulate flag (wte's is true here when the tied head already wrote into it).

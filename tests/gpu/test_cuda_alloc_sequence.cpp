@@ -56,7 +56,7 @@ void run_workload(Device& d, DType dt) {
   ops.fill(lnb, 0.0f);
   {
     Tensor x = d.empty({b, t, c}, dt, Category::activations);
-    ops.embedding_forward(x, tokens, wte, wpe);
+    ops.embedding_forward(x, tokens, wte, &wpe);
     Tensor ln = d.empty({b, t, c}, dt, Category::activations);
     Tensor mean = d.empty({b * t}, DType::F32, Category::activations);
     Tensor rstd = d.empty({b * t}, DType::F32, Category::activations);
@@ -202,6 +202,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaAllocSequence,
 // moves with the workspace, which differs by design; equal sequences imply equal figures.)
 struct StepCase {
   std::string label, model, precision, checkpoint, offload;
+  std::string autocast_policy = "torch-cuda";
+  std::string attention = "math";
 };
 
 void PrintTo(const StepCase& c, std::ostream* os) {
@@ -219,6 +221,8 @@ TEST_P(CudaStepAllocSequence, SameAsCpuExceptWorkspace) {
   cfg.precision = *parse_precision(sc.precision);
   cfg.checkpoint = *Checkpoint::parse(sc.checkpoint);
   cfg.offload = *parse_offload(sc.offload);
+  cfg.autocast_policy = *autocast::parse_policy(sc.autocast_policy);
+  cfg.attention = *parse_attention_kind(sc.attention);
   std::vector<Event> events[2];
   Device* devs[2] = {cpu_.get(), gpu_.get()};
   for (int i = 0; i < 2; ++i) {
@@ -244,18 +248,37 @@ TEST_P(CudaStepAllocSequence, SameAsCpuExceptWorkspace) {
 
 INSTANTIATE_TEST_SUITE_P(
     Knobs, CudaStepAllocSequence,
-    ::testing::Values(StepCase{"gpt_fp32", "gpt-tiny", "fp32", "0", "none"},
-                      StepCase{"gpt_bf16", "gpt-tiny", "bf16", "0", "none"},
-                      StepCase{"gpt_fp16", "gpt-tiny", "fp16", "0", "none"},
-                      StepCase{"gpt_bf16_pure", "gpt-tiny", "bf16-pure", "0", "none"},
-                      StepCase{"gpt_ck1", "gpt-tiny", "fp32", "1", "none"},
-                      StepCase{"gpt_selective", "gpt-tiny", "bf16", "selective", "none"},
-                      StepCase{"gpt_offload_act", "gpt-tiny", "bf16", "0", "activations"},
-                      StepCase{"gpt_offload_params", "gpt-tiny", "fp32", "0", "params"},
-                      StepCase{"gpt_offload_opt", "gpt-tiny", "fp32", "0", "optimizer"},
-                      StepCase{"mlp_fp16", "mlp-tiny", "fp16", "0", "none"},
-                      StepCase{"cnn_fp32", "cnn-tiny", "fp32", "0", "none"},
-                      StepCase{"cnn_bf16_ck1", "cnn-tiny", "bf16", "1", "none"}),
+    ::testing::Values(
+        StepCase{"gpt_fp32", "gpt-tiny", "fp32", "0", "none"},
+        StepCase{"gpt_bf16", "gpt-tiny", "bf16", "0", "none"},
+        StepCase{"gpt_fp16", "gpt-tiny", "fp16", "0", "none"},
+        StepCase{"gpt_bf16_pure", "gpt-tiny", "bf16-pure", "0", "none"},
+        StepCase{"gpt_ck1", "gpt-tiny", "fp32", "1", "none"},
+        StepCase{"gpt_selective", "gpt-tiny", "bf16", "selective", "none"},
+        StepCase{"gpt_offload_act", "gpt-tiny", "bf16", "0", "activations"},
+        StepCase{"gpt_offload_params", "gpt-tiny", "fp32", "0", "params"},
+        StepCase{"gpt_offload_opt", "gpt-tiny", "fp32", "0", "optimizer"},
+        StepCase{"mlp_fp16", "mlp-tiny", "fp16", "0", "none"},
+        StepCase{"cnn_fp32", "cnn-tiny", "fp32", "0", "none"},
+        StepCase{"cnn_bf16_ck1", "cnn-tiny", "bf16", "1", "none"},
+        // autocast under the other policy, its recompute and streamed weights'
+        // casts, and the O2 precisions
+        StepCase{"gpt_bf16_torch_cpu", "gpt-tiny", "bf16", "0", "none", "torch-cpu"},
+        StepCase{"gpt_bf16_ck1", "gpt-tiny", "bf16", "1", "none"},
+        StepCase{"gpt_bf16_offload_params", "gpt-tiny", "bf16", "0", "params"},
+        StepCase{"gpt_bf16_o2", "gpt-tiny", "bf16-o2", "0", "none"},
+        StepCase{"gpt_fp16_o2_selective", "gpt-tiny", "fp16-o2", "selective", "none"},
+        StepCase{"mlp_bf16_ck1", "mlp-tiny", "bf16", "1", "none"},
+        StepCase{"cnn_bf16_o2", "cnn-tiny", "bf16-o2", "0", "none"},
+        // Llama: RMSNorm, RoPE, SwiGLU, the stacked q/k/v projection and its
+        // weight casts under autocast, tied and untied
+        StepCase{"llama_fp32", "llama-tiny", "fp32", "0", "none"},
+        StepCase{"llama_bf16", "llama-tiny", "bf16", "0", "none"},
+        StepCase{"llama_bf16_o2_selective", "llama-tiny", "bf16-o2", "selective", "none"},
+        StepCase{"llama_bf16_flash_ck1", "llama-tiny", "bf16", "1", "none", "torch-cuda", "flash"},
+        StepCase{"llama_bf16_offload_params", "llama-tiny", "bf16", "0", "params"},
+        StepCase{"llama_tied_fp16_torch_cpu", "llama-tiny:tie_word_embeddings=true", "fp16", "0",
+                 "none", "torch-cpu"}),
     [](const auto& p) { return p.param.label; });
 
 }  // namespace

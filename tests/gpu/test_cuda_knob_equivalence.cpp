@@ -71,25 +71,44 @@ class StallingDevice final : public ForwardingDevice {
 
 class CudaKnobEquivalence : public ::testing::TestWithParam<std::string> {};
 
-// gpt-tiny and mlp-tiny only: the CNN's cuDNN algorithms are not filtered for determinism.
-// Every knob of the CPU suite (tests/models/test_trainer_util.h: knob_variants), on a plain
-// CUDA device and on one that stalls its streams.
+#ifdef MEMTRADE_HAVE_CUDA
+// Every knob of the CPU suite (tests/models/test_trainer_util.h: knob_variants) at `precision`,
+// on a plain CUDA device and on one that stalls its streams.
+void expect_cuda_knobs_bit_identical(const std::string& model, Precision precision) {
+  for (bool stalled : {false, true}) {
+    SCOPED_TRACE(stalled ? "stalled streams" : "plain streams");
+    expect_knobs_bit_identical(
+        model,
+        [stalled](const TrainConfig& cfg, int steps) {
+          std::unique_ptr<Device> dev = make_cuda_device(DeviceOptions{});
+          if (stalled) dev = std::make_unique<StallingDevice>(std::move(dev));
+          return run_steps(*dev, cfg, steps);
+        },
+        3, precision);
+  }
+}
+#endif
+
+// gpt-tiny, llama-tiny and mlp-tiny only: the CNN's cuDNN algorithms are not filtered for
+// determinism.
 TEST_P(CudaKnobEquivalence, BitIdenticalToPlainEvenWithStalledStreams) {
   MEMTRADE_REQUIRE_CUDA();
 #ifdef MEMTRADE_HAVE_CUDA
-  for (bool stalled : {false, true}) {
-    SCOPED_TRACE(stalled ? "stalled streams" : "plain streams");
-    expect_knobs_bit_identical(GetParam(), [stalled](const TrainConfig& cfg, int steps) {
-      std::unique_ptr<Device> dev = make_cuda_device(DeviceOptions{});
-      if (stalled) dev = std::make_unique<StallingDevice>(std::move(dev));
-      return run_steps(*dev, cfg, steps);
-    });
-  }
+  expect_cuda_knobs_bit_identical(GetParam(), Precision::fp32);
 #endif
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaKnobEquivalence, ::testing::Values("gpt-tiny", "mlp-tiny"),
-                         model_test_name);
+// The same under bf16 autocast (CUDA's own policy): weight casts remade by recompute and by
+// streamed weights, 16-bit weight gradients added into kept fp32 grads.
+TEST_P(CudaKnobEquivalence, Bf16AutocastBitIdenticalToPlainEvenWithStalledStreams) {
+  MEMTRADE_REQUIRE_CUDA();
+#ifdef MEMTRADE_HAVE_CUDA
+  expect_cuda_knobs_bit_identical(GetParam(), Precision::bf16);
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaKnobEquivalence,
+                         ::testing::Values("gpt-tiny", "llama-tiny", "mlp-tiny"), model_test_name);
 
 }  // namespace
 }  // namespace memtrade::testing

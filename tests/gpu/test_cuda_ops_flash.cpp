@@ -127,12 +127,12 @@ TEST_P(CudaFlash, AgreesWithCudaMath) {
 
 MEMTRADE_INSTANTIATE_DTYPES(CudaFlash);
 
-// A whole GPT on the GPU: flash's gradients are math's to 1e-5 (fp32) and it saves the
-// formula's bytes (tests/models/test_models_attention.cpp is the CPU twin).
+// A whole GPT or Llama (grouped-query heads, RoPE) on the GPU: flash's gradients are math's to 1e-5
+// (fp32) and it saves the formula's bytes (tests/models/test_models_attention.cpp is the CPU twin).
 class CudaFlashModel : public gputest::CudaVsCpu {};
 
-TEST_F(CudaFlashModel, GptGradientsAndSavedBytes) {
-  for (const char* name : {"gpt-tiny", "gpt-mini", "gpt-small"}) {
+TEST_F(CudaFlashModel, GptAndLlamaGradientsAndSavedBytes) {
+  for (const char* name : {"gpt-tiny", "gpt-mini", "gpt-small", "llama-tiny", "llama-mini"}) {
     SCOPED_TRACE(name);
     const std::int64_t batch = 8;
     const auto math = testing::run_attention(*gpu_, name, batch, AttentionKind::math);

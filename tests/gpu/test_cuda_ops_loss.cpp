@@ -19,9 +19,13 @@ TEST_P(CudaLoss, EmbeddingForward) {
   Pair wte = rand({v, c}, t, 2, -1.0f, 1.0f, Category::params);
   Pair wpe = rand({max_t, c}, DType::F32, 3, -1.0f, 1.0f, Category::params);
   Pair out = full({b, tt, c}, t, 0.0f);
-  cpu_ops().embedding_forward(out.cpu, tokens.cpu, wte.cpu, wpe.cpu);
-  gpu_ops().embedding_forward(out.gpu, tokens.gpu, wte.gpu, wpe.gpu);
+  cpu_ops().embedding_forward(out.cpu, tokens.cpu, wte.cpu, &wpe.cpu);
+  gpu_ops().embedding_forward(out.gpu, tokens.gpu, wte.gpu, &wpe.gpu);
   expect_close(out, Tol{0, 0, 0}, "embedding_forward");
+  // Without positions (Llama): wte[tokens] alone, bit for bit too.
+  cpu_ops().embedding_forward(out.cpu, tokens.cpu, wte.cpu, nullptr);
+  gpu_ops().embedding_forward(out.gpu, tokens.gpu, wte.gpu, nullptr);
+  expect_close(out, Tol{0, 0, 0}, "embedding_forward without wpe");
 }
 
 TEST_P(CudaLoss, EmbeddingBackwardRepeatedTokensAndAccumulate) {

@@ -1,6 +1,7 @@
 // The Trainer on the CUDA backend against the CPU backend: same losses, grads and updates to
 // GEMM-order rounding, and the same allocations (docs/design.md: the same model and knobs make the
 // same allocation sequence on both backends). Skipped without a usable CUDA device.
+#include <cctype>
 #include <ostream>
 #include <string>
 
@@ -42,7 +43,7 @@ TEST_P(TrainerCuda, MatchesCpu) {
   auto cuda = make_cuda_device(DeviceOptions{});
   const RunResult a = run_steps(*cpu, cfg, 2);
   const RunResult b = run_steps(*cuda, cfg, 2);
-  const DType dt = compute_dtype(cfg.precision);
+  const DType dt = autocast_dtype(cfg.precision).value_or(compute_dtype(cfg.precision));
   const double tol = dt == DType::F32 ? 1e-4 : 8 * dtype_eps(dt);
   ASSERT_EQ(a.losses.size(), b.losses.size());
   for (std::size_t s = 0; s < a.losses.size(); ++s) {
@@ -80,16 +81,43 @@ INSTANTIATE_TEST_SUITE_P(
                    c.zero_grad = ZeroGrad::zero;
                  }},
         CudaCase{"gpt-tiny", "fp16", [](TrainConfig& c) { c.precision = Precision::fp16; }},
+        CudaCase{"gpt-tiny", "bf16", [](TrainConfig& c) { c.precision = Precision::bf16; }},
+        CudaCase{"gpt-tiny", "bf16_torch_cpu",
+                 [](TrainConfig& c) {
+                   c.precision = Precision::bf16;
+                   c.autocast_policy = autocast::Policy::torch_cpu;
+                 }},
+        CudaCase{"gpt-tiny", "bf16_o2", [](TrainConfig& c) { c.precision = Precision::bf16_o2; }},
+        CudaCase{"gpt-tiny", "fp16_o2", [](TrainConfig& c) { c.precision = Precision::fp16_o2; }},
+        CudaCase{"cnn-tiny", "bf16", [](TrainConfig& c) { c.precision = Precision::bf16; }},
         CudaCase{"gpt-tiny", "bf16_offload_optimizer",
                  [](TrainConfig& c) {
                    c.precision = Precision::bf16;
                    c.offload = Offload::optimizer;
                  }},
-        CudaCase{"cnn-tiny", "plain", [](TrainConfig&) {}}),
+        CudaCase{"cnn-tiny", "plain", [](TrainConfig&) {}},
+        // Llama: GQA, RoPE, SwiGLU, RMSNorm, the stacked q/k/v projection; tied and untied.
+        CudaCase{"llama-tiny", "plain", [](TrainConfig&) {}},
+        CudaCase{"llama-tiny:tie_word_embeddings=true", "tied", [](TrainConfig&) {}},
+        CudaCase{"llama-mini", "plain", [](TrainConfig&) {}},
+        CudaCase{"llama-tiny", "flash", [](TrainConfig& c) { c.attention = AttentionKind::flash; }},
+        CudaCase{"llama-tiny", "selective",
+                 [](TrainConfig& c) { c.checkpoint = *Checkpoint::parse("selective"); }},
+        CudaCase{"llama-tiny", "checkpoint", [](TrainConfig& c) { c.checkpoint.density = 1.0; }},
+        CudaCase{"llama-tiny", "offload_params",
+                 [](TrainConfig& c) { c.offload = Offload::params; }},
+        CudaCase{"llama-tiny", "pageable_zero_accumulation",
+                 [](TrainConfig& c) {
+                   c.input = InputMemory::pageable;
+                   c.zero_grad = ZeroGrad::zero;
+                   c.accumulation = 2;
+                 }},
+        CudaCase{"llama-tiny", "bf16", [](TrainConfig& c) { c.precision = Precision::bf16; }},
+        CudaCase{"llama-tiny", "fp16", [](TrainConfig& c) { c.precision = Precision::fp16; }}),
     [](const auto& p) {
       std::string s = p.param.model + "_" + p.param.label;
       for (char& ch : s)
-        if (ch == '-') ch = '_';
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return s;
     });
 
@@ -97,7 +125,7 @@ INSTANTIATE_TEST_SUITE_P(
 // workspace and op scratch (temporaries) aside.
 TEST(TrainerCudaMemory, SameBreakdownAsCpu) {
   REQUIRE_CUDA();
-  for (std::string name : {"gpt-tiny", "mlp-tiny"}) {
+  for (std::string name : {"gpt-tiny", "llama-tiny", "mlp-tiny"}) {
     TrainConfig cfg = base_config(name, 4);
     std::array<std::int64_t, kNumCategories> at_peak[2];
     for (int backend = 0; backend < 2; ++backend) {
@@ -109,8 +137,8 @@ TEST(TrainerCudaMemory, SameBreakdownAsCpu) {
       trainer.step();
       at_peak[backend] = dev->memory().stats().by_category_at_peak;
     }
-    for (Category c : {Category::params, Category::master, Category::grads, Category::optimizer,
-                       Category::activations, Category::io})
+    for (Category c : {Category::params, Category::master, Category::casts, Category::grads,
+                       Category::optimizer, Category::activations, Category::io})
       EXPECT_EQ(at_peak[1][static_cast<std::size_t>(c)], at_peak[0][static_cast<std::size_t>(c)])
           << name << " " << category_name(c);
   }

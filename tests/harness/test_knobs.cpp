@@ -29,9 +29,25 @@ TrainConfig base() {
   return c;
 }
 
+// A base where `k` applies: base(), or base() with one other axis changed (the autocast policy
+// applies to an autocast precision only). A model config file defines the model itself, so its
+// walk leaves the model axis at its default.
+TrainConfig base_for(const Knob& k) {
+  if (k.name == "model_config") return TrainConfig{};
+  if (k.applies(base())) return base();
+  for (const Knob& o : knobs())
+    for (const std::string& v : o.test_values()) {
+      TrainConfig c = base();
+      set_knob(c, o, v);
+      if (k.applies(c)) return c;
+    }
+  ADD_FAILURE() << k.name << " applies to no config the walk can make";
+  return base();
+}
+
 // The base with one axis set (through the row) and resolved.
 TrainConfig with(const Knob& k, const std::string& value) {
-  TrainConfig c = base();
+  TrainConfig c = base_for(k);
   set_knob(c, k, value);
   resolve_config(c);
   return c;
@@ -69,53 +85,70 @@ TEST(Knobs, EveryRowIsComplete) {
   }
 }
 
-TEST(Knobs, EveryValueThroughFlagsIdsJsonAndGrid) {
-  for (const Knob& k : knobs()) {
-    for (const std::string& v : k.test_values()) {
-      SCOPED_TRACE(k.name + "=" + v);
-      const TrainConfig expected = with(k, v);
-      EXPECT_EQ(k.get(expected), v) << "test values must be canonical";
+// One value of one axis through every consumer.
+void walk(const Knob& k, const std::string& v) {
+  SCOPED_TRACE(k.name + "=" + v);
+  const TrainConfig expected = with(k, v);
+  EXPECT_EQ(k.get(expected), v) << "test values must be canonical";
 
-      // CLI flag: parsed and canonicalised by the row.
-      CLI::App app;
-      KnobFlags flags;
-      add_knob_flags(app, flags);
-      std::vector<std::string> argv{v, k.flag};  // CLI11 parses argv reversed
-      if (k.name != "model") argv.insert(argv.end(), {base().model, "--model"});
-      app.parse(argv);
-      const TrainConfig from_flag = to_train_config(flags);
-      EXPECT_EQ(point_id(from_flag), point_id(expected));
-      EXPECT_EQ(k.get(from_flag), v);
+  // CLI flag: parsed and canonicalised by the row.
+  CLI::App app;
+  KnobFlags flags;
+  add_knob_flags(app, flags);
+  const TrainConfig b = base_for(k);
+  std::vector<std::string> argv{v, k.flag};  // CLI11 parses argv reversed
+  for (const Knob& o : knobs())
+    if (o.name != k.name) argv.insert(argv.end(), {o.get(b), o.flag});
+  app.parse(argv);
+  const TrainConfig from_flag = to_train_config(flags);
+  EXPECT_EQ(point_id(from_flag), point_id(expected));
+  EXPECT_EQ(k.get(from_flag), v);
 
-      // Point id: the value shows where the rule says so, and ids tell configs apart.
-      const std::string id = point_id(expected);
-      const bool shown =
-          k.id_rule == IdRule::always ||
-          (k.applies(expected) && (k.id_rule == IdRule::when_applies || v != k.default_text()));
-      if (shown) {
-        EXPECT_NE(id.find(k.id_prefix + v), std::string::npos) << id;
-      }
-      if (v != k.get(base()) && k.applies(expected)) {
-        EXPECT_NE(id, point_id(base()));
-      }
-
-      // The one serialiser round-trips, with the row's JSON type.
-      const nlohmann::json j = config_json(expected);
-      ASSERT_TRUE(j.contains(k.name));
-      EXPECT_EQ(j.at(k.name).is_number_integer(), k.type == KnobType::integer);
-      EXPECT_EQ(point_id(config_from_json(j)), id);
-      EXPECT_EQ(k.get(config_from_json(j)), v);
-
-      // A grid file: the axis key with the value, in its TOML type.
-      const std::string model_line =
-          k.name == "model" ? "" : fmt::format("model = [\"{}\"]\n", base().model);
-      const Grid g =
-          parse_grid(fmt::format("[axes]\n{}{} = [{}]\n", model_line, k.name, toml_value(k, v)),
-                     "walk.toml", "cpu");
-      ASSERT_EQ(g.points.size(), 1u);
-      EXPECT_EQ(g.points[0].id, id);
-    }
+  // Point id: the value shows where the rule says so, and ids tell configs apart.
+  const std::string id = point_id(expected);
+  const bool shown =
+      k.id_rule == IdRule::always ||
+      (k.applies(expected) && (k.id_rule == IdRule::when_applies || v != k.default_text()));
+  if (shown) {
+    EXPECT_NE(id.find(k.id_prefix + k.id_text(expected)), std::string::npos) << id;
   }
+  if (v != k.get(b) && k.applies(expected)) {
+    EXPECT_NE(id, point_id(b));
+  }
+
+  // The one serialiser round-trips, with the row's JSON type.
+  const nlohmann::json j = config_json(expected);
+  ASSERT_TRUE(j.contains(k.name));
+  EXPECT_EQ(j.at(k.name).is_number_integer(), k.type == KnobType::integer);
+  EXPECT_EQ(point_id(config_from_json(j)), id);
+  EXPECT_EQ(k.get(config_from_json(j)), v);
+
+  // A grid file: the axis key with the value, in its TOML type.
+  std::string others;
+  for (const Knob& o : knobs())
+    if (o.name != k.name) others += fmt::format("{} = [{}]\n", o.name, toml_value(o, o.get(b)));
+  const Grid g = parse_grid(fmt::format("[axes]\n{}{} = [{}]\n", others, k.name, toml_value(k, v)),
+                            "walk.toml", "cpu");
+  ASSERT_EQ(g.points.size(), 1u);
+  EXPECT_EQ(g.points[0].id, id);
+}
+
+TEST(Knobs, EveryValueThroughFlagsIdsJsonAndGrid) {
+  for (const Knob& k : knobs())
+    for (const std::string& v : k.test_values()) walk(k, v);
+}
+
+// Values no row lists: a model with overrides and a model config file, through the same walk.
+TEST(Knobs, ModelOverridesAndModelConfigFilesThroughEveryConsumer) {
+  walk(knob("model"), "llama-tiny:n_kv_head=1,n_layer=4");
+  walk(knob("model"), "gpt-tiny:n_layer=3,tie_word_embeddings=false");
+  const std::string file =
+      std::string(MEMTRADE_SOURCE_DIR) + "/tests/models/fixtures/hf/Llama-3.2-1B.json";
+  walk(knob("model_config"), file);
+  const TrainConfig c = with(knob("model_config"), file);
+  EXPECT_EQ(knob("model_config").id_text(c), "Llama-3.2-1B-bfb5d39c");
+  EXPECT_EQ(knob("model").id_text(c), "hf");
+  EXPECT_EQ(point_id(c).rfind("hf/b8/", 0), 0u) << point_id(c);
 }
 
 TEST(Knobs, BadValuesAreOneLineErrorsEverywhere) {

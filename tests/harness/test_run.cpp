@@ -174,7 +174,7 @@ TEST(Run, ListsACudaGridWithoutADevice) {
   const std::string grid = std::string(MEMTRADE_SOURCE_DIR) + "/ci/grids/gpu-check.toml";
   CliResult all = run_cli("run --grid " + grid + " --list");
   ASSERT_EQ(all.rc, 0) << all.err;
-  EXPECT_EQ(std::count(all.out.begin(), all.out.end(), '\n'), 9) << all.out;
+  EXPECT_EQ(std::count(all.out.begin(), all.out.end(), '\n'), 10) << all.out;
   EXPECT_NE(all.out.find("gpt2-124m/b8/a1/tf32/"), std::string::npos) << all.out;  // kept on cuda
   CliResult shard = run_cli("run --grid " + grid + " --list --shard 1/3");
   ASSERT_EQ(shard.rc, 0) << shard.err;

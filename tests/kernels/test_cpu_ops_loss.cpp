@@ -16,8 +16,10 @@ TEST_F(OpsTest, EmbeddingForwardBackward) {
   };
   Tensor tt = ints({b, t}, tok), te = make({v, c}, wte), tp = make({max_t, c}, wpe),
          out = garbage({b, t, c});
-  ops().embedding_forward(out, tt, te, tp);
+  ops().embedding_forward(out, tt, te, &tp);
   expect_close(get(out), f(to_d(wte), to_d(wpe)), 0, 0, "embedding");
+  ops().embedding_forward(out, tt, te, nullptr);  // no positions (Llama): wte[tokens] alone
+  expect_close(get(out), f(to_d(wte), Vec(max_t * c, 0.0)), 0, 0, "embedding without wpe");
   Tensor dout = make({b, t, c}, r), dwte = garbage({v, c}), dwpe = garbage({max_t, c});
   ops().embedding_backward(&dwte, &dwpe, dout, tt, false);
   Vec ge = fd_grad([&](const Vec& e) { return f(e, to_d(wpe)); }, to_d(wte), to_d(r));
@@ -29,9 +31,9 @@ TEST_F(OpsTest, EmbeddingForwardBackward) {
   expect_close(get(dwte), ge, 1e-6, 1e-5, "dwte accumulated");
 
   Tensor bad = ints({b, t}, {1, 3, 1, 0, 5, 1, 3, 3});
-  EXPECT_THROW(ops().embedding_forward(out, bad, te, tp), std::invalid_argument);
+  EXPECT_THROW(ops().embedding_forward(out, bad, te, &tp), std::invalid_argument);
   Tensor short_wpe = zeros({3, c});
-  EXPECT_THROW(ops().embedding_forward(out, tt, te, short_wpe), std::invalid_argument);
+  EXPECT_THROW(ops().embedding_forward(out, tt, te, &short_wpe), std::invalid_argument);
 }
 
 Vec ref_ce(const Vec& x, const std::vector<std::int32_t>& tg, int n, int v) {

@@ -194,7 +194,7 @@ TEST_P(LowpTest, EmbeddingAndLoss) {
   const Arg tokens{{b, t}, tok, DType::I32};
   auto e = rand_vec(v * c, 15), p = rand_vec(4 * c, 16), g = rand_vec(b * t * c, 17);
   compare("embedding", {tokens, {{v, c}, e}, {{4, c}, p}, {{b, t, c}, {}}}, {3},
-          [](Ops& o, auto& ts) { o.embedding_forward(ts[3], ts[0], ts[1], ts[2]); });
+          [](Ops& o, auto& ts) { o.embedding_forward(ts[3], ts[0], ts[1], &ts[2]); });
   compare("embedding_backward", {tokens, {{b, t, c}, g}, {{v, c}, e}, {{4, c}, p}}, {2, 3},
           [](Ops& o, auto& ts) { o.embedding_backward(&ts[2], &ts[3], ts[1], ts[0], true); });
   auto logits = rand_vec(b * t * v, 18, 3.0f);

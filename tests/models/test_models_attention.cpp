@@ -58,15 +58,28 @@ INSTANTIATE_TEST_SUITE_P(Gpt, FlashVsMathModel,
                            return s;
                          });
 
+// Llama: grouped-query heads (n_kv_head < n_head), RoPE on the packed qkv, untied (tiny) and
+// tied with llama3 rope scaling (mini).
+INSTANTIATE_TEST_SUITE_P(Llama, FlashVsMathModel,
+                         ::testing::Values(ModelCase{"llama-test", 3}, ModelCase{"llama-tiny", 4},
+                                           ModelCase{"llama-mini", 4}),
+                         [](const auto& param_info) {
+                           std::string s = param_info.param.model;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
 // Checkpointing trades memory for time only: with flash too, the gradients are bit-identical.
 // Selective has nothing to drop in flash attention (the lse stays).
-TEST(FlashModel, CheckpointingLeavesGradientsUnchanged) {
+class FlashModel : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FlashModel, CheckpointingLeavesGradientsUnchanged) {
   auto dev = make_device("cpu");
-  const AttentionRun plain = run_attention(*dev, "gpt-tiny", 4, AttentionKind::flash);
+  const AttentionRun plain = run_attention(*dev, GetParam(), 4, AttentionKind::flash);
   for (const Checkpoint ck :
        {Checkpoint{Checkpoint::Kind::selective, 0.0}, Checkpoint{Checkpoint::Kind::density, 1.0}}) {
     SCOPED_TRACE(ck.str());
-    const AttentionRun r = run_attention(*dev, "gpt-tiny", 4, AttentionKind::flash, DType::F32, ck);
+    const AttentionRun r = run_attention(*dev, GetParam(), 4, AttentionKind::flash, DType::F32, ck);
     EXPECT_EQ(r.loss, plain.loss);
     ASSERT_EQ(r.grads.size(), plain.grads.size());
     for (std::size_t i = 0; i < r.grads.size(); ++i)
@@ -75,6 +88,13 @@ TEST(FlashModel, CheckpointingLeavesGradientsUnchanged) {
         << "recomputed blocks save only their input";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, FlashModel, ::testing::Values("gpt-tiny", "llama-tiny"),
+                         [](const auto& param_info) {
+                           std::string s = param_info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
 
 // ---- the layer with grouped-query heads --------------------------------------------------------
 
@@ -113,9 +133,9 @@ struct LayerRun {
 LayerRun run_layer(Device& dev, int nh, int nkv, AttentionKind kind) {
   const std::int64_t B = 2, T = 37, hd = 12, C = 40, W = (nh + 2 * nkv) * hd;
   LayerStore store(dev, {{W, C}, {W}, {C, nh * hd}, {C}});
-  const CausalSelfAttention a{{0, 1}, {2, 3}, nh, nkv};
+  const CausalSelfAttention a{{0, 1}, {2, 3}, nh, nkv, {}, std::nullopt};
   SavedTensors saved(dev);
-  LayerCtx c{dev, store, saved, DType::F32};
+  LayerCtx c{dev, store, saved, DType::F32, std::nullopt};
   c.segment = 0;
   c.save = true;
   c.attention = kind;

@@ -130,6 +130,31 @@ TEST_F(SavedTensorsTest, PrefetchBringsASegmentBackEarlyOnce) {
   EXPECT_EQ(pinned_act(), 0);
 }
 
+// A shared tensor (autocast's weight cast, held by ParamStore's cache too) lives until both
+// owners let go, stays on the device under offload, and cannot be taken.
+TEST_F(SavedTensorsTest, SharedTensorsOutliveTheOtherOwnerAndStayOnTheDevice) {
+  SavedTensors s(*dev);
+  s.set_offload(true);
+  auto cast = std::make_shared<Tensor>(filled(9));
+  std::weak_ptr<Tensor> alive = cast;
+  s.share(0, "w", cast);
+  EXPECT_THROW(s.share(0, "w", cast), std::logic_error);
+  EXPECT_THROW(s.share(0, "none", nullptr), std::logic_error);
+  cast.reset();  // the cache is cleared: the saved reference keeps it
+  ASSERT_FALSE(alive.expired());
+  s.flush();
+  const auto d2h = dev->transfers().d2h_bytes;
+  s.fetch(0);
+  EXPECT_EQ(dev->transfers().d2h_bytes, d2h);
+  EXPECT_EQ(s.host_bytes(), 0);
+  EXPECT_EQ(s.device_bytes(), 0);  // not counted as the segment's activations
+  EXPECT_EQ(dev->to_host_f32(s.get(0, "w"))[1], 10.0f);
+  EXPECT_THROW(s.take(0, "w"), std::logic_error);
+  s.release(0);
+  EXPECT_TRUE(alive.expired());
+  EXPECT_EQ(device_act(), 0);
+}
+
 TEST_F(SavedTensorsTest, OffloadOffKeepsOnDevice) {
   SavedTensors s(*dev);
   s.set_offload(true);

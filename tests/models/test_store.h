@@ -18,7 +18,10 @@ namespace memtrade::testing {
 
 class TestStore final : public ParamStore {
  public:
-  TestStore(Device& dev, const Model& model, DType dtype = DType::F32, std::uint64_t seed = 1)
+  // init_scale multiplies every normal init's std (a model's own init makes some gradients too
+  // small for finite differences to see).
+  TestStore(Device& dev, const Model& model, DType dtype = DType::F32, std::uint64_t seed = 1,
+            float init_scale = 1.0f)
       : dev_(dev), model_(model), dtype_(dtype) {
     const auto& specs = model.params();
     grads_.resize(specs.size());
@@ -29,7 +32,7 @@ class TestStore final : public ParamStore {
       std::vector<float> v(static_cast<std::size_t>(shape_numel(p.shape)));
       SplitMix rng(seed, i, 0x5eed);
       for (auto& x : v)
-        x = p.init_std > 0 ? p.init_std * rng.normal() : (p.init_std < 0 ? 1.f : 0.f);
+        x = p.init_std > 0 ? init_scale * p.init_std * rng.normal() : (p.init_std < 0 ? 1.f : 0.f);
       dev.from_host_f32(weights_.back(), v);
     }
   }

@@ -13,8 +13,7 @@ class Convergence : public ::testing::TestWithParam<std::string> {};
 // steps sit near chance (ln(classes)); the 10-step means of batch-8 losses fluctuate by a few
 // percent, so a 20% drop is learning, not noise. Measured with Adam at the default lr:
 // gpt-tiny 0.64, mlp-tiny 0.63, cnn-tiny 0.73.
-TEST_P(Convergence, LossFallsWithin100Steps) {
-  TrainConfig cfg = base_config(GetParam(), 8);
+void expect_loss_falls(const TrainConfig& cfg) {
   auto dev = cpu_device();
   auto model = make_model(cfg.model);
   Trainer trainer(*dev, *model, cfg);
@@ -26,8 +25,23 @@ TEST_P(Convergence, LossFallsWithin100Steps) {
   }
   const double first = std::accumulate(losses.begin(), losses.begin() + 10, 0.0) / 10;
   const double last = std::accumulate(losses.end() - 10, losses.end(), 0.0) / 10;
-  EXPECT_LT(last, 0.8 * first) << GetParam() << ": first " << first << " last " << last;
+  EXPECT_LT(last, 0.8 * first) << cfg.model << ": first " << first << " last " << last;
   EXPECT_EQ(trainer.steps_done(), 100);
+}
+
+TEST_P(Convergence, LossFallsWithin100Steps) {
+  expect_loss_falls(base_config(GetParam(), 8));
+}
+
+// Autocast trains as well: bf16, and fp16 with its loss scaling (no step skipped at the default
+// scale for these models).
+TEST_P(Convergence, LossFallsWithin100StepsUnderAutocast) {
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    SCOPED_TRACE(std::string(precision_name(p)));
+    TrainConfig cfg = base_config(GetParam(), 8);
+    cfg.precision = p;
+    expect_loss_falls(cfg);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Convergence, ::testing::Values("gpt-tiny", "mlp-tiny", "cnn-tiny"),

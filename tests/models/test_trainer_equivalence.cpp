@@ -1,7 +1,7 @@
 // Knobs that trade memory for time must not change the numbers: checkpointing, every offload
 // mode, zero_grad=zero, pageable input and empty_cache give bit-identical losses, gradients and
-// updated parameters to the plain fp32 run. Accumulation splits the same samples differently,
-// so it agrees to rounding only.
+// updated parameters to the plain run, in fp32 and under bf16 autocast. Accumulation splits the
+// same samples differently, so it agrees to rounding only.
 #include <string>
 #include <utility>
 
@@ -18,8 +18,24 @@ TEST_P(KnobEquivalence, BitIdenticalToPlainFp32Adam) {
       GetParam(), [](const TrainConfig& cfg, int steps) { return run_steps(cfg, steps); });
 }
 
+// The same under bf16 autocast: recomputed segments cast the weights again, checkpointed MLP
+// blocks keep the fp32 input instead of its cast, offloaded weights are cast when streamed in, and
+// 16-bit weight gradients are added into kept fp32 grads (zero_grad=zero, accumulation): all of
+// it must leave the numbers alone. (torch-cpu: its softmax stays 16-bit, a different path.)
+TEST_P(KnobEquivalence, BitIdenticalToPlainBf16AutocastAdam) {
+  for (autocast::Policy p : {autocast::Policy::torch_cuda, autocast::Policy::torch_cpu}) {
+    SCOPED_TRACE(std::string(autocast::policy_name(p)));
+    expect_knobs_bit_identical(
+        GetParam(), [](const TrainConfig& cfg, int steps) { return run_steps(cfg, steps); }, 3,
+        Precision::bf16, p);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, KnobEquivalence,
-                         ::testing::Values("gpt-tiny", "mlp-tiny", "cnn-tiny"), model_test_name);
+                         ::testing::Values("gpt-tiny", "llama-tiny",
+                                           "llama-tiny:tie_word_embeddings=true", "mlp-tiny",
+                                           "cnn-tiny"),
+                         model_test_name);
 
 // The comparison above must be able to fail: a run that really differs is caught.
 TEST(KnobEquivalence, DetectsADifferentRun) {
@@ -66,8 +82,8 @@ TEST_P(Accumulation, SplitsOfTheSameBatchAgree) {
   EXPECT_GT(worst, 1e-2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Accumulation, ::testing::Values("gpt-tiny", "mlp-tiny"),
-                         model_test_name);
+INSTANTIATE_TEST_SUITE_P(Models, Accumulation,
+                         ::testing::Values("gpt-tiny", "llama-tiny", "mlp-tiny"), model_test_name);
 
 }  // namespace
 }  // namespace memtrade::testing

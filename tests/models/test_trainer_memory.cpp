@@ -85,7 +85,8 @@ TEST_P(OptimizerBytes, StateIsCountTimesFp32Params) {
     EXPECT_EQ(at(p.device, Cat::params), fp32 + param_bytes(*model, 4, false));
     EXPECT_EQ(at(p.own_peak, Cat::grads), fp32);
   }
-  // Pure bf16: state in bf16; mixed bf16: fp32 state and an fp32 master next to bf16 weights.
+  // Pure bf16: state in bf16; O2 bf16: fp32 state and an fp32 master next to bf16 weights;
+  // autocast bf16: fp32 weights, grads and state as fp32, no master.
   TrainConfig pure = base_config(name, 4);
   pure.precision = Precision::bf16_pure;
   const Peak pp = steady_peak(pure);
@@ -93,22 +94,29 @@ TEST_P(OptimizerBytes, StateIsCountTimesFp32Params) {
   EXPECT_EQ(at(pp.device, Cat::master), 0);
   EXPECT_EQ(at(pp.own_peak, Cat::grads), param_bytes(*model, 2));
   TrainConfig mixed = pure;
-  mixed.precision = Precision::bf16;
+  mixed.precision = Precision::bf16_o2;
   const Peak pm = steady_peak(mixed);
   EXPECT_EQ(at(pm.device, Cat::optimizer), 2 * fp32);
   EXPECT_EQ(at(pm.device, Cat::master), fp32);
   EXPECT_EQ(at(pm.device, Cat::params), param_bytes(*model, 2) + param_bytes(*model, 4, false));
   EXPECT_EQ(at(pm.own_peak, Cat::grads), param_bytes(*model, 2));
+  TrainConfig amp = pure;
+  amp.precision = Precision::bf16;
+  const Peak pa = steady_peak(amp);
+  EXPECT_EQ(at(pa.device, Cat::optimizer), 2 * fp32);
+  EXPECT_EQ(at(pa.device, Cat::master), 0);
+  EXPECT_EQ(at(pa.device, Cat::params), fp32 + param_bytes(*model, 4, false));
+  EXPECT_EQ(at(pa.own_peak, Cat::grads), fp32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, OptimizerBytes,
                          ::testing::Values("gpt-tiny", "mlp-tiny", "cnn-tiny"), model_test_name);
 
-TEST(MemoryPhysics, Bf16HalvesActivations) {
+TEST(MemoryPhysics, Bf16O2HalvesActivations) {
   for (std::string name : {"gpt-tiny", "mlp-tiny", "cnn-tiny"}) {
     TrainConfig cfg = base_config(name, 8);
     const std::int64_t a32 = at(steady_peak(cfg).own_peak, Cat::activations);
-    cfg.precision = Precision::bf16;
+    cfg.precision = Precision::bf16_o2;
     const std::int64_t a16 = at(steady_peak(cfg).own_peak, Cat::activations);
     const double ratio = static_cast<double>(a16) / static_cast<double>(a32);
     RecordProperty(name + "_bf16_over_fp32", std::to_string(ratio));
@@ -154,7 +162,8 @@ TEST(MemoryPhysics, ZeroGradKeepsGradsResident) {
 }
 
 TEST(MemoryPhysics, OffloadOptimizerKeepsStateOffTheDevice) {
-  for (Precision prec : {Precision::fp32, Precision::bf16, Precision::bf16_pure}) {
+  for (Precision prec :
+       {Precision::fp32, Precision::bf16, Precision::bf16_o2, Precision::bf16_pure}) {
     SCOPED_TRACE(std::string(precision_name(prec)));
     TrainConfig cfg = base_config("gpt-tiny", 4);
     cfg.precision = prec;

@@ -1,5 +1,5 @@
-// Mixed and pure 16-bit precision: grads agree with fp32 within the dtype's tolerance, dynamic
-// loss scaling skips overflowing steps and grows the scale like torch's GradScaler.
+// Autocast, O2 and pure 16-bit precision: grads agree with fp32 within the dtype's tolerance,
+// dynamic loss scaling skips overflowing steps and grows the scale like torch's GradScaler.
 #include <limits>
 #include <string>
 
@@ -24,8 +24,9 @@ class PrecisionGrads : public ::testing::TestWithParam<std::string> {};
 
 // Tolerance, per tensor, on the relative L2 error of the first step's grads against fp32:
 //   gpt, mlp: 4·eps(dtype). Every activation and weight is rounded to 16 bits (one rounding,
-//     relative error <= eps, per stored tensor); the errors are independent, so the grads'
-//     relative error stays around eps (measured: at most 0.8·eps, bf16 and fp16 alike).
+//     relative error <= eps, per stored tensor; autocast rounds fewer of them); the errors are
+//     independent, so the grads' relative error stays around eps (measured: at most 0.8·eps,
+//     bf16 and fp16 alike).
 //   cnn: 4·√eps. ReLU masks and max-pool argmaxes flip where rounding moves a value across
 //     zero or a tie; each flip is an O(1) error on one element and the flips number ∝ eps, so
 //     the L2 error grows like √eps (measured: 1.8·√eps for bf16 and fp16).
@@ -35,14 +36,14 @@ TEST_P(PrecisionGrads, WithinDtypeToleranceOfFp32) {
   const std::string model = GetParam();
   const bool masks = model.rfind("cnn", 0) == 0;
   const RunResult ref = run_steps(base_config(model, 8), 1);
-  for (Precision p :
-       {Precision::bf16, Precision::fp16, Precision::bf16_pure, Precision::fp16_pure}) {
+  for (Precision p : {Precision::bf16, Precision::fp16, Precision::bf16_o2, Precision::fp16_o2,
+                      Precision::bf16_pure, Precision::fp16_pure}) {
     SCOPED_TRACE(model + " " + std::string(precision_name(p)));
     TrainConfig cfg = base_config(model, 8);
     cfg.precision = p;
     const RunResult r = run_steps(cfg, 1);
     ASSERT_FALSE(r.skipped[0]);
-    const double eps = dtype_eps(compute_dtype(p));
+    const double eps = dtype_eps(autocast_dtype(p).value_or(compute_dtype(p)));
     const double tol = masks ? 4 * std::sqrt(eps) : 4 * eps;
     EXPECT_NEAR(r.losses[0], ref.losses[0], 16 * eps * ref.losses[0]);
     bool any_different = false;
@@ -128,9 +129,13 @@ TEST_P(Overflow, SkipsTheStepAndHalvesTheScale) {
   EXPECT_TRUE(moved);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fp16, Overflow, ::testing::Values(Precision::fp16, Precision::fp16_pure),
+INSTANTIATE_TEST_SUITE_P(Fp16, Overflow,
+                         ::testing::Values(Precision::fp16, Precision::fp16_o2,
+                                           Precision::fp16_pure),
                          [](const auto& p) {
-                           return std::string(p.param == Precision::fp16 ? "mixed" : "pure");
+                           return p.param == Precision::fp16      ? std::string("autocast")
+                                  : p.param == Precision::fp16_o2 ? std::string("o2")
+                                                                  : std::string("pure");
                          });
 
 TEST(LossScaling, CleanStepsGrowTheScale) {
@@ -152,7 +157,8 @@ TEST(LossScaling, CleanStepsGrowTheScale) {
 }
 
 TEST(LossScaling, OnlyFp16Scales) {
-  for (Precision p : {Precision::fp32, Precision::tf32, Precision::bf16, Precision::bf16_pure}) {
+  for (Precision p : {Precision::fp32, Precision::tf32, Precision::bf16, Precision::bf16_o2,
+                      Precision::bf16_pure}) {
     auto dev = cpu_device();
     auto model = make_model("mlp-tiny");
     TrainConfig cfg = base_config("mlp-tiny", 2);

@@ -2,6 +2,7 @@
 // return everything the tests compare.
 #pragma once
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -32,11 +33,12 @@ inline TrainConfig base_config(const std::string& model, std::int64_t batch = 4)
   return c;
 }
 
-// "gpt-tiny" -> "gpt_tiny" for parameterised test names.
+// "gpt-tiny" -> "gpt_tiny", "llama-tiny:n_layer=4" -> "llama_tiny_n_layer_4" for parameterised
+// test names.
 inline std::string model_test_name(const ::testing::TestParamInfo<std::string>& p) {
   std::string s = p.param;
   for (char& ch : s)
-    if (ch == '-') ch = '_';
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return s;
 }
 
@@ -144,10 +146,14 @@ inline const std::vector<KnobVariant>& knob_variants() {
 }
 
 // Runs every knob variant of `model` through `run` (a config -> RunResult, on some device) and
-// expects each to equal the plain run bit for bit.
+// expects each to equal the plain run bit for bit, at `precision` (and autocast `policy`).
 template <typename Run>
-void expect_knobs_bit_identical(const std::string& model, Run&& run, int steps = 3) {
+void expect_knobs_bit_identical(const std::string& model, Run&& run, int steps = 3,
+                                Precision precision = Precision::fp32,
+                                autocast::Policy policy = autocast::Policy::torch_cuda) {
   TrainConfig base = base_config(model, 4);
+  base.precision = precision;
+  base.autocast_policy = policy;
   const RunResult plain = run(base, steps);
   TrainConfig base_acc = base;
   base_acc.accumulation = 2;

@@ -67,3 +67,22 @@ def test_llama3_point_x_configs_carry_llama3_rope_scaling():
         assert scaling == {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                            "original_max_position_embeddings": 8192, "rope_type": "llama3"}
     assert json.loads((FIXTURES / "Meta-Llama-3-8B.json").read_text())["rope_scaling"] is None
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_memtrade_reads_each_config_to_the_published_count(memtrade_bin, name):
+    """--model-config builds the model these counts describe: memtrade's own parameter count
+    (estimate --json reports it with the model's hyper-parameters) is the published one."""
+    import subprocess
+    out = subprocess.run([memtrade_bin, "estimate", "--json", "--model-config", str(FIXTURES / name),
+                          "--seq-len", "8", "--batch-size", "1"], check=True, capture_output=True,
+                         text=True).stdout
+    (point,) = json.loads(out)["points"]
+    hyper = point["config"]["hyper"]
+    assert hyper["num_params"] == PUBLISHED[name]
+    assert hyper["model_config"]["name"] == name[:-len(".json")]
+    config = json.loads((FIXTURES / name).read_text())
+    if config["model_type"] == "llama":
+        assert (hyper["n_layer"], hyper["n_head"], hyper["n_kv_head"], hyper["n_embd"]) == (
+            config["num_hidden_layers"], config["num_attention_heads"],
+            config["num_key_value_heads"], config["hidden_size"])

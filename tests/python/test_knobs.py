@@ -75,3 +75,17 @@ def test_design_doc_knob_table_is_generated(memtrade_bin):
     r = subprocess.run([sys.executable, str(ROOT / "ci" / "knob_table_doc.py"), memtrade_bin,
                         str(ROOT / "docs" / "design.md"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_axes_that_do_not_apply_are_written_at_their_default(memtrade_bin):
+    """memtrade writes an axis that does not apply to a point (the autocast policy of an O2
+    precision, the attention kind of an MLP) at its default, so no reader needs to know which
+    axis applies where: two such points are one configuration with one config."""
+    import memtrade_side
+
+    listed = memtrade_side.list_points(memtrade_bin, ["--model", "mlp-tiny", "--precision",
+                                                      "bf16-o2", "--autocast-policy", "torch-cpu",
+                                                      "--attention", "flash"])
+    cfg = listed["points"][0]["config"]
+    assert cfg["autocast_policy"] == "torch-cuda" and cfg["attention"] == "math"
+    assert "ac-" not in listed["points"][0]["id"] and "attn-" not in listed["points"][0]["id"]

@@ -138,6 +138,13 @@ def test_checkpoint_normalisation_and_labels():
     assert A.short_label(mk(peak=1, thr=1.0, mode="eval")["config"]) == "m b8 eval"
 
 
+def test_autocast_policy_tells_only_autocast_points_apart():
+    cuda = mk(peak=1, thr=1.0, precision="bf16")
+    cpu = mk(peak=1, thr=1.0, precision="bf16", autocast_policy="torch-cpu")
+    assert A.varying_knobs([cuda, cpu]) == ["autocast_policy"]
+    assert A.compact_label(cpu["config"], ["precision", "autocast_policy"]) == "bf16 ac-torch-cpu"
+
+
 # ---------------------------------------------------------------------------------------------
 # Capacity fits, units, traces
 
@@ -250,6 +257,9 @@ def test_grid_draws_every_chart(reports):
     assert drawn == {"frontier", "knob-effects", "breakdown", "checkpoint", "batch", "predicted", "timeline",
                      "history", "compare"}, [(c.key, c.skipped) for c in charts]
     for c in charts:
+        if c.key not in drawn:  # the fixture grid has no sequence-length sweep
+            assert c.key == "seq-len" and c.skipped, (c.key, c.skipped)
+            continue
         assert sorted(pathlib.Path(f).suffix for f in c.files) == [".png", ".svg"]
         for f in c.files:
             check_image(d / f)
@@ -399,3 +409,24 @@ def test_crowded_grid_is_limited(tmp_path):
     assert len(bd.rows) == C.MAX_BARS
     front_labels = {A.compact_label(pts[i]["config"], A.label_knobs(pts)) for i in A.pareto_front(pts)}
     assert front_labels <= {r[0] for r in bd.rows}
+
+
+def test_seq_len_curve_measured_and_predicted(tmp_path):
+    """Points differing only in seq_len make lines (x = the tokens actually trained, from hyper);
+    estimate documents make the predicted panel; math and flash are separate lines."""
+    def pt(t, attention, peak):
+        p = mk(model="gpt", peak=peak, thr=1.0, seq_len=0 if t == 64 else t, attention=attention)
+        p["config"]["hyper"] = {"seq_len": t}
+        return p
+    pts = [pt(t, a, t * t * (4 if a == "math" else 1) + 1000) for t in (16, 32, 64)
+           for a in ("math", "flash")]
+    est = {"schema": "memtrade.estimate/1", "backend": "cuda", "capacity": None,
+           "points": [{"id": f"e{t}{a}", "config": {**q["config"]}, "peak_allocated": q["memory"]["peak_allocated"] * 2}
+                      for q in pts for t, a in [(q["config"]["hyper"]["seq_len"], q["config"]["attention"])]]}
+    chart = C.seq_len_curve(pts, [est], tmp_path, ["png"])
+    assert chart.files == ["seq-len.png"]
+    lines = {r[1] for r in chart.rows}
+    assert lines == {"gpt math", "gpt flash"}
+    assert {r[0] for r in chart.rows} == {"measured", "predicted"}
+    assert sorted(int(r[2]) for r in chart.rows if r[:2] == ["measured", "gpt math"]) == [16, 32, 64]
+    assert C.seq_len_curve(pts[:1], [], tmp_path, ["png"]).skipped

@@ -19,6 +19,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "peers"))
+import torch_models  # noqa: E402
+
 FIXTURE = (pathlib.Path(__file__).resolve().parents[2] / "tests" / "kernels" / "fixtures" /
            "rope_torch_reference.txt")
 
@@ -43,18 +46,8 @@ POSITIONS = [1, 100, 4095]
 
 
 def inv_freq(theta, dim, scaling):
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    if scaling is None:
-        return inv
-    factor = scaling["factor"]
-    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-    old_len = scaling["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv
-    out = torch.where(wavelen > old_len / low, inv / factor, inv)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * out / factor + smooth * out
-    medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
-    return torch.where(medium, smoothed, out)
+    """HF's inv_freq with llama3 scaling: the Llama twin's (bench/peers/torch_models.py)."""
+    return torch_models.llama_inv_freq(dim, theta, scaling)
 
 
 def cos_sin(inv, positions):

@@ -1,0 +1,187 @@
+#include "models/hf_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "models/sha256.h"
+
+namespace memtrade {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::invalid_argument(what);
+}
+
+// The keys of one architecture, read with their types checked.
+class Keys {
+ public:
+  Keys(const json& j, std::string_view arch) : j_(j), arch_(arch) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+
+  int positive_int(const char* key) const {
+    if (!has(key)) fail(fmt::format("missing key '{}' (required for {})", key, arch_));
+    const json& v = j_.at(key);
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > INT32_MAX)
+      fail(fmt::format("key '{}' must be a positive integer, got {}", key, v.dump()));
+    return v.get<int>();
+  }
+  int positive_int(const char* key, int fallback) const {
+    return has(key) ? positive_int(key) : fallback;
+  }
+  double positive_number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_.at(key);
+    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+      fail(fmt::format("key '{}' must be a positive number, got {}", key, v.dump()));
+    return v.get<double>();
+  }
+  double number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_.at(key).is_number())
+      fail(fmt::format("key '{}' must be a number, got {}", key, j_.at(key).dump()));
+    return j_.at(key).get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_.at(key).is_boolean())
+      fail(fmt::format("key '{}' must be true or false, got {}", key, j_.at(key).dump()));
+    return j_.at(key).get<bool>();
+  }
+  std::string text(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_.at(key).is_string())
+      fail(fmt::format("key '{}' must be a string, got {}", key, j_.at(key).dump()));
+    return j_.at(key).get<std::string>();
+  }
+  // A key whose other values change the math memtrade does not model.
+  template <typename T>
+  void require(const char* key, T supported, T value, std::string_view why) const {
+    if (value != supported)
+      fail(fmt::format("unsupported {} {} ({})", key, json(value).dump(), why));
+  }
+
+ private:
+  const json& j_;
+  std::string_view arch_;
+};
+
+Llama3RopeScaling llama3_scaling(const json& s) {
+  if (!s.is_object()) fail(fmt::format("rope_scaling must be an object or null, got {}", s.dump()));
+  const Keys k(s, "rope_scaling");
+  // HF reads "rope_type", and the older "type".
+  const std::string type = k.text("rope_type", k.text("type", ""));
+  if (type == "default") return {};
+  if (type != "llama3")
+    fail(fmt::format("unsupported rope_scaling type '{}' (memtrade implements llama3 and default)",
+                     type));
+  Llama3RopeScaling r;
+  for (const char* key :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+    if (!k.has(key)) fail(fmt::format("missing key 'rope_scaling.{}' (required for llama3)", key));
+  r.factor = k.positive_number("factor", 0);
+  r.low_freq_factor = k.positive_number("low_freq_factor", 0);
+  r.high_freq_factor = k.positive_number("high_freq_factor", 0);
+  r.original_max_position_embeddings = k.positive_int("original_max_position_embeddings");
+  return r;
+}
+
+LlamaConfig llama_from(const json& j, const ConfigFile& file) {
+  const Keys k(j, "LlamaForCausalLM");
+  LlamaConfig c;
+  c.name = file.name;
+  c.file = file;
+  c.n_embd = k.positive_int("hidden_size");
+  c.n_layer = k.positive_int("num_hidden_layers");
+  c.n_head = k.positive_int("num_attention_heads");
+  c.intermediate_size = k.positive_int("intermediate_size");
+  c.vocab_size = k.positive_int("vocab_size");
+  c.block_size = k.positive_int("max_position_embeddings");
+  c.n_kv_head = k.positive_int("num_key_value_heads", c.n_head);
+  c.rope_theta = k.positive_number("rope_theta", 10000.0);
+  c.norm_eps = k.positive_number("rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
+  if (k.has("head_dim") && k.positive_int("head_dim") * c.n_head != c.n_embd)
+    fail(
+        fmt::format("unsupported head_dim {}: memtrade's Llama has hidden_size / "
+                    "num_attention_heads = {}/{}",
+                    k.positive_int("head_dim"), c.n_embd, c.n_head));
+  if (k.has("rope_scaling")) c.rope_scaling = llama3_scaling(j.at("rope_scaling"));
+  k.require("hidden_act", std::string("silu"), k.text("hidden_act", "silu"),
+            "the MLP is SwiGLU, silu");
+  k.require("attention_bias", false, k.boolean("attention_bias", false), "no biases");
+  k.require("mlp_bias", false, k.boolean("mlp_bias", false), "no biases");
+  k.require("attention_dropout", 0.0, k.number("attention_dropout", 0.0), "no dropout");
+  return c;
+}
+
+GptConfig gpt2_from(const json& j, const ConfigFile& file) {
+  const Keys k(j, "GPT2LMHeadModel");
+  GptConfig c;
+  c.name = file.name;
+  c.file = file;
+  c.n_embd = k.positive_int("n_embd");
+  c.n_layer = k.positive_int("n_layer");
+  c.n_head = k.positive_int("n_head");
+  c.vocab_size = k.positive_int("vocab_size");
+  c.block_size = k.positive_int("n_positions");
+  c.norm_eps = k.positive_number("layer_norm_epsilon", 1e-5);
+  c.tie_word_embeddings = k.boolean("tie_word_embeddings", true);
+  k.require("n_inner", 4 * c.n_embd, k.positive_int("n_inner", 4 * c.n_embd),
+            "the MLP is 4·n_embd");
+  const std::string act = k.text("activation_function", "gelu_new");
+  if (act != "gelu_pytorch_tanh")
+    k.require("activation_function", std::string("gelu_new"), act, "GELU, tanh approximation");
+  k.require("scale_attn_weights", true, k.boolean("scale_attn_weights", true), "scores / √hd");
+  k.require("scale_attn_by_inverse_layer_idx", false,
+            k.boolean("scale_attn_by_inverse_layer_idx", false), "scores / √hd");
+  return c;
+}
+
+}  // namespace
+
+HfModelConfig parse_hf_config(std::string_view text, const ConfigFile& file) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail(fmt::format("not JSON ({})", e.what()));
+  }
+  if (!j.is_object()) fail("not a JSON object");
+  if (!j.contains("architectures"))
+    fail("missing key 'architectures' (LlamaForCausalLM or GPT2LMHeadModel)");
+  const json& arch = j.at("architectures");
+  if (!arch.is_array() || arch.size() != 1 || !arch[0].is_string())
+    fail(fmt::format("architectures must name one architecture, got {}", arch.dump()));
+  const std::string name = arch[0].get<std::string>();
+  if (name == "LlamaForCausalLM") return llama_from(j, file);
+  if (name == "GPT2LMHeadModel") return gpt2_from(j, file);
+  fail(
+      fmt::format("unsupported architecture '{}' (memtrade reads LlamaForCausalLM and "
+                  "GPT2LMHeadModel)",
+                  name));
+}
+
+HfModelConfig read_hf_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(fmt::format("{}: cannot read the file", path));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  const std::string text = bytes.str();
+  const ConfigFile file{std::filesystem::path(path).stem().string(), sha256_hex(text)};
+  try {
+    return parse_hf_config(text, file);
+  } catch (const std::invalid_argument& e) {
+    fail(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
+}  // namespace memtrade

@@ -1,0 +1,105 @@
+#include "models/layers/context.h"
+
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace memtrade {
+namespace {
+
+// Key of a weight's cast in a segment of SavedTensors.
+std::string cast_key(ParamIndex index) {
+  return fmt::format("cast.{}", index);
+}
+
+}  // namespace
+
+DType LayerCtx::in_dtype(Op op, DType in, DType other) const {
+  if (!amp) return act;
+  return autocast::rule(amp->policy, op).input_dtype(amp->dtype, in, other);
+}
+
+DType LayerCtx::out_dtype(Op op, DType in, DType other) const {
+  if (!amp) return act;
+  return autocast::rule(amp->policy, op).output_dtype(amp->dtype, in, other);
+}
+
+void LayerCtx::expect_input(Op op, const Tensor& t) const {
+  if (t.dtype() != in_dtype(op, t))
+    throw std::logic_error(fmt::format("{} reads {}, got a {} input {}", autocast::op_name(op),
+                                       dtype_name(in_dtype(op, t)), dtype_name(t.dtype()),
+                                       shape_str(t.shape())));
+}
+
+Tensor LayerCtx::cast_input(Op op, Tensor t) {
+  Tensor holder;
+  cast_input(op, t, holder);
+  return holder.defined() ? std::move(holder) : std::move(t);
+}
+
+const Tensor& LayerCtx::cast_input(Op op, const Tensor& t, Tensor& holder) {
+  const DType dt = in_dtype(op, t);
+  if (dt == t.dtype()) return t;
+  holder = dev.empty(t.shape(), dt, cat());
+  ops().cast(holder, t);
+  return holder;
+}
+
+DType LayerCtx::weight_dtype(Op op, ParamIndex index) {
+  const DType stored = store.weight(index).dtype();
+  return amp ? in_dtype(op, stored, stored) : stored;
+}
+
+const Tensor& LayerCtx::op_weight(Op op, ParamIndex index, bool kept) {
+  const DType dt = weight_dtype(op, index);
+  if (dt == store.weight(index).dtype()) return store.weight(index);
+  const std::string key = cast_key(index);
+  if (kept && has(key)) return get(key);
+  if (kept && backward && !recompute)
+    throw std::logic_error(fmt::format(
+        "segment {}: the cast of weight {} was not kept by forward; backward reads it from there",
+        segment, index));
+  std::shared_ptr<Tensor> cast = store.weight_cast(index, dt, ops());
+  if (kept && save) saved.share(segment, key, cast);
+  return *cast;  // the cache holds it until the autocast region ends
+}
+
+Tensor LayerCtx::grad_as(Tensor g, DType dtype) {
+  Tensor holder;
+  grad_as(g, dtype, holder);
+  return holder.defined() ? std::move(holder) : std::move(g);
+}
+
+const Tensor& LayerCtx::grad_as(const Tensor& g, DType dtype, Tensor& holder) {
+  if (g.dtype() == dtype) return g;
+  holder = temp(g.shape(), dtype);
+  ops().cast(holder, g);
+  return holder;
+}
+
+ParamGrad::ParamGrad(LayerCtx& c, ParamIndex index, DType computed_in) : c_(c), index_(index) {
+  if (computed_in == c.store.weight(index).dtype()) {
+    GradRef g = c.store.grad(index);
+    grad_ = &g.t;
+    accumulate_ = g.accumulate;
+    return;
+  }
+  computed_ = c.temp(c.store.weight(index).shape(), computed_in);
+}
+
+void ParamGrad::finish() {
+  if (!computed_.defined()) return;
+  GradRef g = c_.store.grad(index_);
+  if (!g.accumulate) {
+    c_.ops().cast(g.t, computed_);
+  } else {
+    Tensor wide = c_.temp(g.t.shape(), g.t.dtype());
+    c_.ops().cast(wide, computed_);
+    computed_.reset();
+    c_.ops().add_inplace(g.t, wide);
+  }
+  computed_.reset();
+}
+
+}  // namespace memtrade

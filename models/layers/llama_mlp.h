@@ -1,0 +1,28 @@
+// The Llama MLP (HF LlamaMLP, SwiGLU): down_proj(silu(gate_proj(x)) · up_proj(x)); gate_proj and
+// up_proj (I, C), down_proj (C, I), no biases.
+//
+// Saved: "mlp.inp" (the input of gate_proj and up_proj), "mlp.gate" and "mlp.up" (N, I) (the
+// SwiGLU inputs), "mlp.h" (N, I) (down_proj's input). HF under autograd keeps silu(gate) (N, I)
+// as well (the multiply's other operand); Ops::swiglu_backward recomputes it from gate instead.
+// Selective checkpointing keeps them all: it recomputes the attention core only (Megatron),
+// models/layers/attention.h. Under autocast the linears cast their input to 16 bits and SwiGLU
+// runs in the dtype it gets (SiLU and mul are on no autocast list: Op::swiglu).
+#pragma once
+
+#include "models/layers/linear.h"
+
+namespace memtrade {
+
+struct LlamaMlp {
+  Linear gate_proj;
+  Linear up_proj;
+  Linear down_proj;
+};
+
+// inp (N, C), moved in (saved as gate_proj's and up_proj's input, cast to their input dtype
+// first) -> returns (N, C), a temporary.
+Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m);
+// dout (N, C) -> returns dL/dinp (N, C), a temporary in gate_proj's input dtype.
+Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m);
+
+}  // namespace memtrade

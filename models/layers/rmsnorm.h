@@ -1,0 +1,34 @@
+// RMSNorm (HF LlamaRMSNorm): out = weight · x/√(mean(x²) + eps) over the last dim of (N, C),
+// no bias. Saved: "<key>.rstd" (N) F32; the input is saved by its owner (the block's input or
+// residual). HF under autograd keeps more: the normalised (N, C) row in the input's dtype (the
+// weight's multiplicand) and, for a 16-bit input, the fp32 copy it squares; memtrade's op
+// recomputes x·rstd from x in backward instead (kernels/ops.h rmsnorm_backward).
+//
+// Under autocast the input must already be fp32 (Op::rmsnorm: HF casts to fp32 itself; the
+// Llama's residual stream is fp32, so no cast is needed) and the output is fp32 (the fp32 weight
+// times the normalised rows promotes).
+#pragma once
+
+#include <string>
+
+#include "models/layers/context.h"
+
+namespace memtrade {
+
+struct RmsNorm {
+  ParamIndex weight = -1;  // (C)
+  std::string key;         // save prefix: "input_layernorm" -> "input_layernorm.rstd"
+  float eps = 1e-5f;       // rms_norm_eps
+};
+
+// out (N, C), of dtype c.out_dtype(Op::rmsnorm, inp), from inp (N, C); the caller saves inp if
+// it is not saved elsewhere.
+void norm_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const RmsNorm& n);
+// dinp (N, C) = dL/dinp from dout (N, C) and the forward input (overwritten).
+void norm_backward(LayerCtx& c, Tensor& dinp, const Tensor& dout, const Tensor& inp,
+                   const RmsNorm& n);
+// dres (N, C) += dL/dinp, from dout (N, C) and the forward input (residual-stream style).
+void norm_backward_add(LayerCtx& c, Tensor& dres, const Tensor& dout, const Tensor& inp,
+                       const RmsNorm& n);
+
+}  // namespace memtrade
