@@ -18,7 +18,8 @@ one-step run of the same point, over the extra steps.
                    [--threads 2] [--cpu] [--json OUT]
 
 A point is MODEL:BATCH or MODEL:BATCH:PRECISION (default fp32; Adam throughout; bf16 is
-torch.autocast on the PyTorch side).
+torch.autocast with PyTorch's CPU op lists on both sides:
+memtrade's torch-cpu autocast policy).
 """
 import argparse
 import json
@@ -69,10 +70,12 @@ def cpu_per_step(run, steps):
 
 def run_memtrade(binary, point, threads, steps, out):
     model, batch, precision = point
+    # A 16-bit point is torch.autocast as it runs on the CPU: memtrade's torch-cpu policy.
+    policy = ["--autocast-policy", "torch-cpu"] if precision in ("fp16", "bf16") else []
     subprocess.run([binary, "run", "--backend", "cpu", "--model", model, "--batch-size", batch,
-                    "--precision", precision, "--optimizer", "adam", "--threads", str(threads),
-                    "--warmup", "3", "--steps", str(steps), "--quiet", "--out", str(out)],
-                   check=True, capture_output=True, text=True)
+                    "--precision", precision, *policy, "--optimizer", "adam", "--threads",
+                    str(threads), "--warmup", "3", "--steps", str(steps), "--quiet", "--out",
+                    str(out)], check=True, capture_output=True, text=True)
     return json.loads(out.read_text())["points"][0]["time"]["samples_s"]
 
 
