@@ -90,20 +90,22 @@ void cblas(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
 }
 #endif
 
-// sgemm, with before(rows, i0, len) called on each block of C by the thread that computes it,
-// just before the product goes in: C's rows [i0, i0 + len) when `rows`, else its columns. (Once,
-// for all rows, when the GEMM is not split.) linear_forward writes its bias there, so the bias
-// costs no parallel region of its own.
-template <typename F>
+// sgemm, with before(rows, i0, len) and after(rows, i0, len) called on each block of C by the
+// thread that computes it, just before the product goes in and just after: C's rows
+// [i0, i0 + len) when `rows`, else its columns. (Once, for all rows, when the GEMM is not split.)
+// linear_forward writes its bias in `before`, and the linear ops round a 16-bit output in `after`
+// while the block is still in that thread's cache, so neither costs a parallel region of its own.
+template <typename F, typename G>
 void sgemm_blocks(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                   float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                  float beta, float* c, std::int64_t ldc, F&& before) {
+                  float beta, float* c, std::int64_t ldc, F&& before, G&& after) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // C = beta·C; BLAS would do the same, but keep the NaN rule explicit
     before(true, std::int64_t{0}, m);
     for (std::int64_t i = 0; i < m; ++i)
       for (std::int64_t j = 0; j < n; ++j)
         c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    after(true, std::int64_t{0}, m);
     return;
   }
 #ifdef MEMTRADE_HAVE_OPENBLAS
@@ -130,6 +132,7 @@ void sgemm_blocks(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, st
       else
         cblas(trans_a, trans_b, m, len, k, alpha, a, lda, trans_b ? b + i0 * ldb : b + i0, ldb,
               beta, c + i0, ldc);
+      after(rows, i0, len);
     }
     return;
   }
@@ -139,15 +142,36 @@ void sgemm_blocks(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, st
   before(true, std::int64_t{0}, m);
   blocked_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #endif
+  after(true, std::int64_t{0}, m);
 }
+
+// An `after` for sgemm_blocks that writes a block of the fp32 result c (rows, cols) into out, a
+// 16-bit tensor of that shape (nothing for an F32 out, which c is): F32Out::commit block by
+// block.
+auto commit_block(Tensor& out, const float* c, std::int64_t cols) {
+  return [&out, c, cols](bool by_rows, std::int64_t i0, std::int64_t len) {
+    if (out.dtype() == DType::F32) return;
+    if (by_rows && len * cols == out.numel()) {  // not split: over the threads, as commit()
+      convert_from_f32(c, out.dtype(), out.numel(), out.data());
+      return;
+    }
+    if (by_rows) {
+      write_f32(out, i0 * cols, len * cols, c + i0 * cols);
+      return;
+    }
+    for (std::int64_t r = 0; r < out.numel() / cols; ++r)
+      write_f32(out, r * cols + i0, len, c + r * cols + i0);
+  };
+}
+
+void no_hook(bool, std::int64_t, std::int64_t) {}
 
 }  // namespace
 
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
            const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
            std::int64_t ldc) {
-  sgemm_blocks(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-               [](bool, std::int64_t, std::int64_t) {});
+  sgemm_blocks(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, no_hook, no_hook);
 }
 
 bool sgemm_nests() {
@@ -192,8 +216,7 @@ void CpuOps::linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight
     }
   };
   sgemm_blocks(false, true, rows, oc, ch, 1.0f, x.data(), ch, w.data(), ch, bias ? 1.0f : 0.0f, yp,
-               oc, bias_rows);
-  y.commit();
+               oc, bias_rows, commit_block(out, yp, oc));
 }
 
 void CpuOps::linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
@@ -203,16 +226,16 @@ void CpuOps::linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
     F32In g(dout, *dinp->allocator());
     F32In w(weight, *dinp->allocator());
     F32Out dx(*dinp, false);
-    sgemm(false, false, rows, ch, oc, 1.0f, g.data(), oc, w.data(), ch, 0.0f, dx.data(), ch);
-    dx.commit();
+    sgemm_blocks(false, false, rows, ch, oc, 1.0f, g.data(), oc, w.data(), ch, 0.0f, dx.data(), ch,
+                 no_hook, commit_block(*dinp, dx.data(), ch));
   }
   if (dweight) {  // dweight (OC, C) (+)= doutᵀ (OC, N) · inp (N, C)
     F32In g(dout, *dweight->allocator());
     F32In x(inp, *dweight->allocator());
     F32Out dw(*dweight, accumulate);
-    sgemm(true, false, oc, ch, rows, 1.0f, g.data(), oc, x.data(), ch, accumulate ? 1.0f : 0.0f,
-          dw.data(), ch);
-    dw.commit();
+    sgemm_blocks(true, false, oc, ch, rows, 1.0f, g.data(), oc, x.data(), ch,
+                 accumulate ? 1.0f : 0.0f, dw.data(), ch, no_hook,
+                 commit_block(*dweight, dw.data(), ch));
   }
   if (dbias) {  // column sums of dout, each column block owned by one thread (deterministic)
     for_column_blocks(rows, oc, [&](std::int64_t o, std::int64_t len) {

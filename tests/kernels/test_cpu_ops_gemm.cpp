@@ -188,6 +188,35 @@ TEST_F(OpsTest, LinearSplitAcrossThreadsWithBias) {
   }
 }
 
+// A 16-bit output of a linear op is its fp32 result rounded once: each thread rounds the block of
+// rows or columns it computed, split or not (every GEMM direction split both ways below), and
+// the bits equal those of the same op on fp32 tensors holding the same values, then rounded.
+TEST_F(OpsTest, Linear16BitOutputsAreTheRoundedFp32Results) {
+  struct Dims {
+    int n, c, oc;
+  };
+  for (auto [n, c, oc] : {Dims{300, 64, 70}, Dims{70, 64, 1300}, Dims{40, 512, 300}}) {
+    SCOPED_TRACE(std::to_string(n) + "x" + std::to_string(c) + " -> " + std::to_string(oc));
+    for (DType t : {DType::BF16, DType::F16}) {
+      auto x = quantize(rand_vec(n * c, 21), t), w = quantize(rand_vec(oc * c, 22), t),
+           b = quantize(rand_vec(oc, 23), t), r = quantize(rand_vec(n * oc, 24), t),
+           old = quantize(rand_vec(oc * c, 25), t);
+      auto run = [&](DType d) {
+        Tensor tx = make({n, c}, x, d), tw = make({oc, c}, w, d), tb = make({oc}, b, d);
+        Tensor out = garbage({n, oc}, d), dx = garbage({n, c}, d), dw = garbage({oc, c}, d);
+        Tensor dw_acc = make({oc, c}, old, d), dout = make({n, oc}, r, d);
+        ops().linear_forward(out, tx, tw, &tb);
+        ops().linear_backward(&dx, &dw, nullptr, dout, tx, tw, false);
+        ops().linear_backward(nullptr, &dw_acc, nullptr, dout, tx, tw, true);
+        return std::vector{get(out), get(dx), get(dw), get(dw_acc)};
+      };
+      const auto low = run(t), full = run(DType::F32);
+      const char* what[] = {"out", "dinp", "dweight", "dweight accumulated"};
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(low[i], quantize(full[i], t)) << what[i];
+    }
+  }
+}
+
 TEST_F(OpsTest, LinearWithZeroInputWidth) {
   // inp (2, 3, 0): six rows of nothing. out is the bias (or 0) in every row and dbias sums dout
   // over all six rows; dweight (OC, 0) and dinp are empty. (N used to be numel / C = 0 / 0.)
