@@ -1,6 +1,6 @@
 // CPU op microbenchmarks: GEMM GFLOP/s through our ops (fp32 and bf16 storage) next to raw
-// cblas_sgemm on the same shapes, plus layer-norm, GELU, softmax, attention (math and flash) and
-// the Adam update.
+// cblas_sgemm on the same shapes, plus layer-norm, GELU, softmax, attention (math and flash),
+// convolution and the Adam update.
 //
 //   build-*/bench/bench_kernels --benchmark_filter=Gemm
 // Rates are counters: "FLOP/s" for GEMMs and attention, "bytes/s" for memory-bound ops.
@@ -180,6 +180,39 @@ BENCHMARK_CAPTURE(BM_Attention, flash_bf16, AttentionKind::flash, DType::BF16)
     ->Args({8, 256, 6, 64})
     ->ArgNames({"B", "T", "NH", "hd"})
     ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// ---- convolution: forward + backward (dinp, dweight, dbias) of one 3x3 layer, pad 1 -----------
+// Args N, Ci, H (= W), Co, stride: cnn-small's layers at batch 32. Real time and the process's
+// CPU time (all threads): the latter shows the work even when the shared machine delays threads.
+void BM_Conv2d(benchmark::State& state) {
+  const std::int64_t n = state.range(0), ci = state.range(1), h = state.range(2),
+                     co = state.range(3);
+  const int stride = static_cast<int>(state.range(4));
+  const std::int64_t oh = (h + 2 - 3) / stride + 1;
+  Tensor x = random_tensor({n, ci, h, h}, DType::F32, 1);
+  Tensor w = random_tensor({co, ci, 3, 3}, DType::F32, 2), b = random_tensor({co}, DType::F32, 3);
+  Tensor dout = random_tensor({n, co, oh, oh}, DType::F32, 4);
+  Tensor y = cpu().empty({n, co, oh, oh}, DType::F32, Category::activations);
+  Tensor dx = cpu().empty({n, ci, h, h}, DType::F32, Category::activations);
+  Tensor dw = cpu().empty({co, ci, 3, 3}, DType::F32, Category::activations);
+  Tensor db = cpu().empty({co}, DType::F32, Category::activations);
+  for (auto _ : state) {
+    cpu().ops().conv2d_forward(y, x, w, &b, stride, 1);
+    cpu().ops().conv2d_backward(&dx, &dw, &db, dout, x, w, stride, 1, false);
+  }
+  set_flops(state, 3.0 * 2.0 * static_cast<double>(n * co * oh * oh * ci * 9));
+}
+
+BENCHMARK(BM_Conv2d)
+    ->Args({32, 3, 32, 32, 1})
+    ->Args({32, 32, 32, 32, 1})
+    ->Args({32, 32, 32, 64, 2})
+    ->Args({32, 64, 16, 64, 1})
+    ->Args({32, 128, 8, 128, 1})
+    ->ArgNames({"N", "Ci", "H", "Co", "s"})
+    ->Unit(benchmark::kMillisecond)
+    ->MeasureProcessCPUTime()
     ->UseRealTime();
 
 // ---- optimizer: Adam over n parameters (param, grad, m, v read; param, m, v written) -----------

@@ -3,10 +3,23 @@
 // unless it says otherwise. Items are samples; the FLOP/s counter uses the model's own FLOP
 // count (recompute included), so it reads as the achieved GFLOP/s of the whole step; peak_MiB is
 // the allocator's peak. Rows in pairs (math vs flash, fp32 vs bf16) are meant to be run
-// together with --benchmark_enable_random_interleaving on this shared machine.
+// together with --benchmark_enable_random_interleaving on this shared machine. Times are real
+// time; the CPU column is the whole process's (every thread), which shows the work done even
+// when the shared machine keeps a thread waiting for a core.
+//
+// LargestGemm is a model's largest GEMM alone, as plain OpenBLAS runs it (cblas_sgemm with its
+// own threads), the yardstick of the step's FLOP/s:
+//   bench_step --benchmark_filter='gpt_small_fp32/|LargestGemm/gpt_small'
+//              --benchmark_enable_random_interleaving=true --benchmark_repetitions=10
 #include <benchmark/benchmark.h>
 
+#include <random>
 #include <sstream>
+#include <vector>
+
+#ifdef MEMTRADE_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
 
 #include "kernels/device.h"
 #include "models/knobs.h"
@@ -45,8 +58,42 @@ void BM_TrainStep(benchmark::State& state, const char* settings) {
       static_cast<double>(dev->memory().stats().allocated.peak) / (1024.0 * 1024.0);
 }
 
-#define MEMTRADE_STEP(name, settings) \
-  BENCHMARK_CAPTURE(BM_TrainStep, name, settings)->Unit(benchmark::kMillisecond)->UseRealTime()
+#define MEMTRADE_STEP(name, settings)             \
+  BENCHMARK_CAPTURE(BM_TrainStep, name, settings) \
+      ->Unit(benchmark::kMillisecond)             \
+      ->MeasureProcessCPUTime()                   \
+      ->UseRealTime()
+
+#ifdef MEMTRADE_HAVE_OPENBLAS
+// C (M, N) = A (M, K) · Bᵀ, B (N, K): a linear layer's forward (the LM head's for a GPT).
+void BM_LargestGemm(benchmark::State& state) {
+  const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  make_device("cpu");  // sets the OpenMP and OpenBLAS thread counts, as a step's device does
+  std::mt19937 g(1);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(n * k)),
+      c(static_cast<std::size_t>(m * n));
+  for (auto& x : a) x = d(g);
+  for (auto& x : b) x = d(g);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), b.data(),
+                static_cast<int>(k), 0.0f, c.data(), static_cast<int>(n));
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// gpt-small batch 4: the LM head, (B·T = 1024) × (V = 8192) × (C = 384), forward and (as
+// 8192 × 384 × 1024) the weight gradient: the same multiply-adds.
+BENCHMARK(BM_LargestGemm)
+    ->Name("LargestGemm/gpt_small_b4")
+    ->Args({1024, 8192, 384})
+    ->Unit(benchmark::kMillisecond)
+    ->MeasureProcessCPUTime()
+    ->UseRealTime();
+#endif
 
 MEMTRADE_STEP(gpt_tiny_fp32, "model=gpt-tiny batch_size=8");
 MEMTRADE_STEP(gpt_mini_fp32, "model=gpt-mini batch_size=8");

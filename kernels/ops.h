@@ -29,9 +29,11 @@
 //   - within a tolerance everywhere else (tests/gpu/test_cuda_ops_*.cpp states each op's): GEMMs
 //     and convolutions sum in their library's order; reductions (norm statistics, softmax and
 //     cross-entropy sums, bias and batch-norm parameter gradients) sum in another order, in fp32
-//     on CUDA, where the CPU sums norm statistics, softmax and cross-entropy in double; expf,
-//     logf and tanhf differ by a few ulps between CUDA and glibc; and nvcc contracts the
-//     multiply-adds of those kernels into FMA.
+//     on CUDA, where the CPU sums norm statistics, softmax and cross-entropy in double (in 8
+//     fixed lanes: kernels/cpu/cpu_vec.h); exp differs by an ulp or so between CUDA's expf and
+//     the CPU's own (cpu_vec.h: within 1 ulp, used by GELU, SwiGLU, the softmaxes and
+//     cross-entropy; the same bits on every instruction set), logf and tanhf by a few between
+//     CUDA and glibc; and nvcc contracts the multiply-adds of those kernels into FMA.
 // Intermediate roundings, at the same places on both backends: attention with 16-bit qkv
 // (below). Different places, forced by CUDA's libraries: a GEMM runs in one dtype, the output's
 // unless both operands share a 16-bit dtype and the output is F32, so operands of another dtype

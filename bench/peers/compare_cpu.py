@@ -7,23 +7,33 @@ alike; the ratio of the pooled median step times is reported. The table names th
 the OpenBLAS core type, since a ratio belongs to a microarchitecture. Both sides run with the
 same threads and OpenMP wait policy (passive unless OMP_WAIT_POLICY says otherwise).
 
-    compare_cpu.py [--memtrade BIN] [--points gpt-mini:8,...] [--rounds 3] [--steps 15]
-                   [--threads 2] [--json OUT]
+With --cpu, the table adds CPU time per step (every thread): the work each engine does, which on
+a machine shared with others is steadier than the wall clock (a thread waiting for a core costs
+wall time, not CPU time). PyTorch's is measured around each step (time.process_time, as its wall
+time: the batches are made before the timed loop); memtrade's, whose step includes making its
+batch, as the difference in the children's CPU time (getrusage) between the round's run and a
+one-step run of the same point, over the extra steps.
 
-A point is MODEL:BATCH or MODEL:BATCH:PRECISION (default fp32; Adam throughout).
+    compare_cpu.py [--memtrade BIN] [--points gpt-mini:8,...] [--rounds 3] [--steps 15]
+                   [--threads 2] [--cpu] [--json OUT]
+
+A point is MODEL:BATCH or MODEL:BATCH:PRECISION (default fp32; Adam throughout; bf16 is
+torch.autocast with PyTorch's CPU op lists on both sides:
+memtrade's torch-cpu autocast policy).
 """
 import argparse
 import json
 import os
 import pathlib
 import platform
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
-DEFAULT_POINTS = "gpt-tiny:8,gpt-mini:8,gpt-small:4,mlp-small:64,cnn-small:32"
+DEFAULT_POINTS = "gpt-tiny:8,gpt-mini:8,gpt-small:4,mlp-small:64,cnn-small:32,gpt-mini:8:bf16"
 
 
 def cpu_model():
@@ -42,12 +52,30 @@ def openblas_line(binary):
                 "OpenBLAS: not linked")
 
 
+def children_cpu_s():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu_per_step(run, steps):
+    # The one-step run repeats start-up, data set-up and warm-up: only the extra steps remain.
+    """CPU seconds per step of run(steps): run(steps) minus run(1), over steps - 1."""
+    t0 = children_cpu_s()
+    run(steps)
+    t1 = children_cpu_s()
+    run(1)
+    t2 = children_cpu_s()
+    return ((t1 - t0) - (t2 - t1)) / (steps - 1)
+
+
 def run_memtrade(binary, point, threads, steps, out):
     model, batch, precision = point
+    # A 16-bit point is torch.autocast as it runs on the CPU: memtrade's torch-cpu policy.
+    policy = ["--autocast-policy", "torch-cpu"] if precision in ("fp16", "bf16") else []
     subprocess.run([binary, "run", "--backend", "cpu", "--model", model, "--batch-size", batch,
-                    "--precision", precision, "--optimizer", "adam", "--threads", str(threads),
-                    "--warmup", "3", "--steps", str(steps), "--quiet", "--out", str(out)],
-                   check=True, capture_output=True, text=True)
+                    "--precision", precision, *policy, "--optimizer", "adam", "--threads",
+                    str(threads), "--warmup", "3", "--steps", str(steps), "--quiet", "--out",
+                    str(out)], check=True, capture_output=True, text=True)
     return json.loads(out.read_text())["points"][0]["time"]["samples_s"]
 
 
@@ -62,7 +90,7 @@ def run_torch(binary, results, threads, steps, out):
     row = json.loads(out.read_text())["points"][0]
     if row["status"] != "ok":
         raise RuntimeError(f"PyTorch point {row['id']}: {row['status']}: {row['error']}")
-    return row["time"]["samples_s"]
+    return row["time"]["samples_s"], row["time"].get("cpu_samples_s", [])
 
 
 def main():
@@ -72,8 +100,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cpu", action="store_true",
+                    help="also measure CPU time per step (all threads), by a second, 1-step run")
     ap.add_argument("--json", help="also write the table as JSON")
     args = ap.parse_args()
+    if args.cpu and args.steps < 2:
+        print("compare_cpu: --cpu needs --steps >= 2", file=sys.stderr)
+        return 2
 
     points = []
     for item in args.points.split(","):
@@ -89,31 +122,53 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         tmp = pathlib.Path(d)
         for point in points:
-            mt, pt = [], []
+            mt, pt, mt_cpu, pt_cpu = [], [], [], []
+            results = tmp / f"mt-{len(rows)}.json"  # the point as memtrade ran it, for torch
             for r in range(args.rounds):
-                results = tmp / f"mt-{r}.json"
-                sides = [("memtrade", lambda: mt.extend(
-                              run_memtrade(args.memtrade, point, args.threads, args.steps,
-                                           results))),
-                         ("torch", lambda: pt.extend(
-                             run_torch(args.memtrade, results, args.threads, args.steps,
-                                       tmp / f"pt-{r}.json")))]
-                if not results.exists():  # torch runs memtrade's point: memtrade goes first once
-                    sides[0][1]()
+
+                def memtrade_side(steps, keep=True):
+                    samples = run_memtrade(args.memtrade, point, args.threads, steps, results)
+                    if keep:
+                        mt.extend(samples)
+
+                def torch_side():
+                    samples, cpu = run_torch(args.memtrade, results, args.threads, args.steps,
+                                             tmp / f"pt-{r}.json")
+                    pt.extend(samples)
+                    pt_cpu.extend(cpu)
+
+                def memtrade_measured():
+                    if not args.cpu:
+                        return memtrade_side(args.steps)
+                    mt_cpu.append(cpu_per_step(
+                        lambda steps: memtrade_side(steps, keep=steps == args.steps), args.steps))
+
+                sides = [memtrade_measured, torch_side]
+                if not results.exists():  # torch runs memtrade's point: memtrade goes first once,
+                    # then the order flips every round
+                    sides[0]()
                     sides = sides[1:]
-                for _, run in (sides if r % 2 == 0 else sides[::-1]):
+                for run in (sides if r % 2 == 0 else sides[::-1]):
                     run()
             m, p = statistics.median(mt), statistics.median(pt)
-            rows.append({"model": point[0], "batch": int(point[1]), "precision": point[2],
-                         "memtrade_s": m, "torch_s": p, "ratio": p / m,
-                         "samples": [len(mt), len(pt)]})
-            print(f"  {point[0]:<10} b{point[1]:<4} {point[2]:<5} memtrade {m * 1e3:9.2f} ms  "
-                  f"torch {p * 1e3:9.2f} ms  torch/memtrade {p / m:5.2f}", flush=True)
+            row = {"model": point[0], "batch": int(point[1]), "precision": point[2],
+                   "memtrade_s": m, "torch_s": p, "ratio": p / m, "samples": [len(mt), len(pt)]}
+            line = (f"  {point[0]:<10} b{point[1]:<4} {point[2]:<5} memtrade {m * 1e3:9.2f} ms  "
+                    f"torch {p * 1e3:9.2f} ms  torch/memtrade {p / m:5.2f}")
+            if args.cpu:
+                mc, pc = statistics.median(mt_cpu), statistics.median(pt_cpu)
+                row.update({"memtrade_cpu_s": mc, "torch_cpu_s": pc, "cpu_ratio": pc / mc})
+                line += f"  | CPU/step {mc * 1e3:9.2f} / {pc * 1e3:9.2f} ms  {pc / mc:5.2f}"
+            rows.append(row)
+            print(line, flush=True)
+    cpu_head = f" {'CPU ms':>10} {'torch CPU':>10} {'CPU ratio':>9}" if args.cpu else ""
     print(f"\n{'model':<10} {'batch':>5} {'prec':<5} {'memtrade ms':>12} {'torch ms':>10} "
-          f"{'torch/memtrade':>15}")
+          f"{'torch/memtrade':>15}{cpu_head}")
     for r in rows:
+        cpu_cols = (f" {r['memtrade_cpu_s'] * 1e3:>10.2f} {r['torch_cpu_s'] * 1e3:>10.2f} "
+                    f"{r['cpu_ratio']:>9.2f}") if args.cpu else ""
         print(f"{r['model']:<10} {r['batch']:>5} {r['precision']:<5} {r['memtrade_s'] * 1e3:>12.2f} "
-              f"{r['torch_s'] * 1e3:>10.2f} {r['ratio']:>15.2f}")
+              f"{r['torch_s'] * 1e3:>10.2f} {r['ratio']:>15.2f}{cpu_cols}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"cpu": cpu_model(), "threads": args.threads,
                                                        "openblas": openblas_line(args.memtrade),

@@ -220,6 +220,7 @@ def run_point(spec):
     if cuda:
         ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
     samples, losses, skipped_steps, device_peak = [], [], 0, None
+    cpu_samples = []  # CPU: the process's CPU time per step, every thread (compare_cpu.py --cpu)
     last_scale = scaler.get_scale() if scaler is not None else None
     if train:
         opt.zero_grad(set_to_none=set_to_none)
@@ -235,9 +236,10 @@ def run_point(spec):
             ev[1].synchronize()
             dt = ev[0].elapsed_time(ev[1]) / 1e3
         else:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             loss, skipped = step(batches[i % len(batches)])
             dt = time.perf_counter() - t0
+            cpu_samples.append(time.process_time() - c0)
         if scaler is not None:  # outside the timed region: get_scale() synchronises
             scale = scaler.get_scale()
             skipped = skipped or scale < last_scale
@@ -282,7 +284,8 @@ def run_point(spec):
                  "p10_s": float(np.quantile(samples, 0.1)),
                  "p90_s": float(np.quantile(samples, 0.9)),
                  "cv": float(np.std(samples, ddof=1) / np.mean(samples)) if len(samples) > 1
-                 else 0.0},
+                 else 0.0,
+                 **({"cpu_samples_s": cpu_samples[warmup:]} if not cuda else {})},
         "throughput": {"samples_per_s": samples_per_step / med,
                        "tokens_per_s": samples_per_step * tokens_per_sample / med,
                        "flops_per_step": flops,

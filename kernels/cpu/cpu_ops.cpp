@@ -9,6 +9,7 @@
 #endif
 
 #include "kernels/cpu/cpu_ops_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 
 namespace memtrade {
 
@@ -62,11 +63,9 @@ void to_f32_serial(const void* src, DType t, std::int64_t n, float* dst) {
     case DType::F32:
       std::memcpy(dst, src, static_cast<std::size_t>(n) * 4);
       break;
-    case DType::BF16: {
-      const auto* s = static_cast<const std::uint16_t*>(src);
-      for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i]);
+    case DType::BF16:
+      vec::bf16_to_f32(static_cast<const std::uint16_t*>(src), dst, n);
       break;
-    }
     case DType::F16: {
       const auto* s = static_cast<const std::uint16_t*>(src);
       if (has_f16c()) {
@@ -89,11 +88,9 @@ void from_f32_serial(const float* src, DType t, std::int64_t n, void* dst) {
     case DType::F32:
       std::memmove(dst, src, static_cast<std::size_t>(n) * 4);
       break;
-    case DType::BF16: {
-      auto* d = static_cast<std::uint16_t*>(dst);
-      for (std::int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
+    case DType::BF16:
+      vec::f32_to_bf16(src, static_cast<std::uint16_t*>(dst), n);
       break;
-    }
     case DType::F16: {
       auto* d = static_cast<std::uint16_t*>(dst);
       if (has_f16c()) {
@@ -143,15 +140,20 @@ void round_f32(float* v, std::int64_t n, DType t) {
   }
 }
 
-// Serial on purpose: these feed or drain an OpenBLAS GEMM (O(n) next to O(n·k)), and an OpenMP
-// region right before a threaded OpenBLAS call leaves the two thread pools spinning against
-// each other on the same cores (measured: a 256³ bf16 GEMM went from ~1 ms to ~50 ms).
+// In kChunk pieces over the threads for large tensors (inside a parallel region: on this
+// thread). These feed or drain GEMMs, which sgemm runs on the same OpenMP threads (it never
+// leaves a GEMM to OpenBLAS's own threading, which once made such a region right before it
+// cost 50x: cpu_ops_gemm.cpp).
 void convert_to_f32(const void* src, DType t, std::int64_t n, float* dst) {
-  to_f32_serial(src, t, n, dst);
+  for_chunks(n, [&](std::int64_t off, std::int64_t len) {
+    to_f32_serial(byte_ptr(src, t, off), t, len, dst + off);
+  });
 }
 
 void convert_from_f32(const float* src, DType t, std::int64_t n, void* dst) {
-  from_f32_serial(src, t, n, dst);
+  for_chunks(n, [&](std::int64_t off, std::int64_t len) {
+    from_f32_serial(src + off, t, len, const_cast<unsigned char*>(byte_ptr(dst, t, off)));
+  });
 }
 
 F32In::F32In(const Tensor& t, CachingAllocator& alloc) {

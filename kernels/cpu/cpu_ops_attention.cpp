@@ -1,9 +1,12 @@
 // Causal self-attention on packed qkv (the math kind: materialised probabilities), one
 // (batch, head) slice at a time; grouped-query heads share their kv head's columns.
 //
-// Each slice is three strided GEMMs straight on the packed tensors (lda = qkv's row) when they are
+// Each slice is strided GEMMs straight on the packed tensors (lda = qkv's row) when they are
 // F32; 16-bit operands of a slice are converted into fp32 scratch sized for one slice only
 // (Category::workspace: OpenBLAS has no 16-bit GEMM, like the casts cuBLASLt needs on CUDA).
+// The GEMMs skip what the causal mask zeroes: in blocks of kCausalBlock query rows, rows
+// [r0, r1) multiply only keys [0, r1) (and the transposed products only rows t >= c0 of a key
+// block [c0, c1)), which at T = 256 is 10/16 of the square. Softmax rows run cpu_vec.h's loops.
 // When every operand is F32 there is no scratch and the slices run one per thread (each GEMM
 // single-threaded: OpenMP OpenBLAS nests; a slice's GEMMs are T·T·hd, too small to thread well).
 // Otherwise slices run in turn, sharing one slice of conversion scratch, and OpenBLAS threads
@@ -19,23 +22,35 @@
 // out and dqkv of another dtype pass through qkv's dtype as CUDA's casts do, so both backends
 // round at the same places (kernels/ops.h). Backward runs a kv head's query heads in turn in one
 // task, summing their dk and dv in fp32 (in dqkv when it is F32, else in the slice scratch), so the
-// sum's order is fixed and it is rounded once.
+// sum's order is fixed and it is rounded once; in parallel, a thread owns whole kv heads across
+// the batch, since dP holds one sequence's heads.
 #include <algorithm>
 #include <cmath>
 #include <optional>
 
+#include "kernels/cpu/cpu_device.h"
 #include "kernels/cpu/cpu_ops_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 
 namespace memtrade::cpu {
 namespace {
 
 using Dims = AttentionDims;  // kernels/op_checks.h
 
-// Slices one per thread only when a slice's GEMMs (T·T·hd multiply-adds each) outweigh waking
-// the pool: measured side by side on 2 cores, T = 32, hd = 32 (gpt-tiny) went 16% slower in
-// parallel, T = 64 (gpt-mini) broke even, T = 256, hd = 64 (gpt-small) 11% faster.
+// Slices one per thread when the op's GEMMs (B·NH slices of T·T·hd multiply-adds each) outweigh
+// waking the pool: one parallel region for the whole op, so even gpt-tiny's 16 slices of
+// 32·32·32 (0.5 M multiply-adds per GEMM) pay for it.
 bool slices_in_parallel(const Dims& d) {
-  return d.t * d.t * d.hd >= (std::int64_t{1} << 18) && sgemm_nests();
+  return d.b * d.nh * d.t * d.t * d.hd >= (std::int64_t{1} << 18) && sgemm_nests();
+}
+
+// Query rows per block of the causal GEMMs (fixed, so results do not depend on the machine).
+constexpr std::int64_t kCausalBlock = 64;
+
+// Calls f(r0, r1) for the row blocks [r0, r1) of a causal (T, T) product.
+template <typename F>
+void causal_blocks(std::int64_t t, F&& f) {
+  for (std::int64_t r0 = 0; r0 < t; r0 += kCausalBlock) f(r0, std::min(t, r0 + kCausalBlock));
 }
 
 // fp32 pointers to q, k, v of one (b, h) slice: into qkv when F32, else converted into `buf`
@@ -100,20 +115,18 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int
     const QkvSlice s = qkv_slice(qkv, d, b, h, qkv_buf ? &*qkv_buf : nullptr);
     const std::int64_t att_off = (b * d.nh + h) * tt * tt;
     float* p = att_buf ? att_buf->as<float>() : att.as<float>() + att_off;
-    sgemm(false, true, tt, tt, d.hd, scale, s.q, s.ld, s.k, s.ld, 0.0f, p, tt);
-    round_to(qkv.dtype(), p, tt * tt);
+    causal_blocks(tt, [&](std::int64_t r0, std::int64_t r1) {  // S[r0:r1, 0:r1] = s·Q·Kᵀ
+      sgemm(false, true, r1 - r0, r1, d.hd, scale, s.q + r0 * s.ld, s.ld, s.k, s.ld, 0.0f,
+            p + r0 * tt, tt);
+    });
     for (std::int64_t t = 0; t < tt; ++t) {
       float* row = p + t * tt;
-      float mx = -INFINITY;
-      for (std::int64_t j = 0; j <= t; ++j) mx = std::max(mx, row[j]);
-      float sum = 0.0f;
-      for (std::int64_t j = 0; j <= t; ++j) {
-        row[j] = std::exp(row[j] - mx);
-        sum += row[j];
-      }
-      const float inv = 1.0f / sum;
-      for (std::int64_t j = 0; j <= t; ++j) row[j] *= inv;
-      std::fill(row + t + 1, row + tt, 0.0f);  // causal mask: future positions get 0
+      const std::int64_t n = t + 1;
+      round_to(qkv.dtype(), row, n);  // the scores, as CUDA's GEMM writes them
+      const float mx = vec::max(row, n);
+      const float inv = static_cast<float>(1.0 / vec::exp_sum(row, mx, row, n));
+      vec::scale(row, inv, row, n);
+      std::fill(row + n, row + tt, 0.0f);  // causal mask: future positions get 0
     }
     round_to(qkv.dtype(), p, tt * tt);  // CUDA's softmax writes the probabilities in it
     if (att_buf) write_f32(att, att_off, tt * tt, p);
@@ -121,7 +134,10 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int
     const std::int64_t out_off = b * tt * d.c + d.q_col(h);
     float* o = out_buf ? out_buf->as<float>() : out->as<float>() + out_off;
     const std::int64_t ldo = out_buf ? d.hd : d.c;
-    sgemm(false, false, tt, d.hd, tt, 1.0f, p, tt, s.v, s.ld, 0.0f, o, ldo);
+    causal_blocks(tt, [&](std::int64_t r0, std::int64_t r1) {  // O[r0:r1] = P[r0:r1, 0:r1]·V
+      sgemm(false, false, r1 - r0, d.hd, r1, 1.0f, p + r0 * tt, tt, s.v, s.ld, 0.0f, o + r0 * ldo,
+            ldo);
+    });
     if (lowp && out->dtype() != qkv.dtype())  // CUDA's GEMM writes it in qkv's dtype first
       for (std::int64_t t = 0; t < tt; ++t) round_to(qkv.dtype(), o + t * ldo, d.hd);
     if (out_buf)
@@ -195,24 +211,36 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
     const float beta = first ? 0.0f : 1.0f;  // dk, dv: sum over the group's query heads
     const std::int64_t dp_off = h * tt * tt;
     float* ds = ds_buf ? ds_buf->as<float>() : dp.as<float>() + dp_off;
-    sgemm(true, false, tt, hd, tt, 1.0f, p, tt, g, ldg, beta, dv, ldd);     // dV (+)= Pᵀ·dO
-    sgemm(false, true, tt, tt, hd, 1.0f, g, ldg, s.v, s.ld, 0.0f, ds, tt);  // dP = dO·Vᵀ
-    round_to(dt, ds, tt * tt);
-    // Softmax backward per row: dS = P ⊙ (dP − Σ_j P·dP); masked entries have P = 0.
+    // Key blocks [c0, c1) of the transposed products see query rows t >= c0 only.
+    causal_blocks(tt, [&](std::int64_t c0, std::int64_t c1) {  // dV (+)= Pᵀ·dO
+      sgemm(true, false, c1 - c0, hd, tt - c0, 1.0f, p + c0 * tt + c0, tt, g + c0 * ldg, ldg, beta,
+            dv + c0 * ldd, ldd);
+    });
+    causal_blocks(tt, [&](std::int64_t r0, std::int64_t r1) {  // dP = dO·Vᵀ
+      sgemm(false, true, r1 - r0, r1, hd, 1.0f, g + r0 * ldg, ldg, s.v, s.ld, 0.0f, ds + r0 * tt,
+            tt);
+    });
+    // Softmax backward per row: dS = P ⊙ (dP − Σ_j P·dP); masked entries have P = 0. CUDA
+    // keeps dP, then dS, in qkv's dtype: round as it does. (For 16-bit qkv the CPU computes in
+    // fp32 scratch, and dP is held only for the shared memory figures: the CPU gate speaks for
+    // the GPU.)
     for (std::int64_t t = 0; t < tt; ++t) {
       const float* pr = p + t * tt;
       float* dr = ds + t * tt;
-      float dot = 0.0f;
-      for (std::int64_t j = 0; j <= t; ++j) dot += pr[j] * dr[j];
+      round_to(dt, dr, t + 1);
+      const auto dot = static_cast<float>(vec::dot(pr, dr, t + 1));
       for (std::int64_t j = 0; j <= t; ++j) dr[j] = pr[j] * (dr[j] - dot);
       std::fill(dr + t + 1, dr + tt, 0.0f);
     }
-    // CUDA keeps dS in dP, in qkv's dtype, for the next two GEMMs: round as it does. (For
-    // 16-bit qkv the CPU computes in fp32 scratch, and dP is held only for the shared memory
-    // figures: the CPU gate speaks for the GPU.)
     round_to(dt, ds, tt * tt);
-    sgemm(false, false, tt, hd, tt, scale, ds, tt, s.k, s.ld, 0.0f, dq, ldd);  // dQ = s·dS·K
-    sgemm(true, false, tt, hd, tt, scale, ds, tt, s.q, s.ld, beta, dk, ldd);  // dK (+)= s·dSᵀ·Q
+    causal_blocks(tt, [&](std::int64_t r0, std::int64_t r1) {  // dQ = s·dS·K
+      sgemm(false, false, r1 - r0, hd, r1, scale, ds + r0 * tt, tt, s.k, s.ld, 0.0f, dq + r0 * ldd,
+            ldd);
+    });
+    causal_blocks(tt, [&](std::int64_t c0, std::int64_t c1) {  // dK (+)= s·dSᵀ·Q
+      sgemm(true, false, c1 - c0, hd, tt - c0, scale, ds + c0 * tt + c0, tt, s.q + c0 * s.ld, s.ld,
+            beta, dk + c0 * ldd, ldd);
+    });
     if (round_dqkv)
       for (std::int64_t t = 0; t < tt; ++t) round_to(dt, dq + t * ldd, hd);
     if (dqkv_buf)  // this head's dq; the group's dk, dv once summed
@@ -237,10 +265,18 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
         write_f32(dqkv, (b * tt + t) * d.w + (part == 1 ? d.k_col(h) : d.v_col(h)), hd,
                   dqkv_buf->as<float>() + (part * tt + t) * hd);
   };
-  // As in forward: all-fp32 groups of one sequence run one per thread (each head has its own
-  // slice of dP, each kv head its own dk, dv columns); otherwise in turn, sharing the scratch.
+  // As in forward: all-fp32 groups run one per thread, each kv head's group on one thread for
+  // the whole batch (its heads' slices of dP, which holds one sequence, and its own dk, dv
+  // columns), in one parallel region; with fewer kv heads than threads, the groups of one
+  // sequence at a time. Otherwise in turn, sharing the scratch.
   const bool parallel =
       !qkv_buf && !att_buf && !dout_buf && !dqkv_buf && !ds_buf && slices_in_parallel(d);
+  if (parallel && d.nkv >= cpu_thread_count()) {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t g = 0; g < d.nkv; ++g)
+      for (std::int64_t b = 0; b < d.b; ++b) group(b, g);
+    return;
+  }
   for (std::int64_t b = 0; b < d.b; ++b) {
     if (parallel) {
 #pragma omp parallel for schedule(static)

@@ -1,52 +1,204 @@
 // 2-D convolution (NCHW) by im2col + GEMM, one image at a time: the im2col matrix
 // (Ci·KH·KW, OH·OW) is the op's library scratch (category workspace), the same buffer holds
-// the column gradient in backward before col2im folds it into dinp. im2col/col2im are serial on
-// purpose: they sit between OpenBLAS calls (O(K·P) next to O(Co·K·P)), where an OpenMP region
-// would make the OpenMP and OpenBLAS thread pools spin against each other.
+// the column gradient in backward before col2im folds it into dinp.
+//
+// The threads share that one buffer by owning disjoint parts of it, in one parallel region per
+// op and without a barrier between images (each GEMM single-threaded: OpenMP OpenBLAS nests):
+//   - forward: pixel tiles (columns of col): a thread gathers its tile's columns and multiplies
+//     weight (Co, K) by them into its tile of out;
+//   - backward: channel tiles (rows of col, a channel's KH·KW rows together): a thread gathers
+//     its rows, adds dout · rowsᵀ into its columns of dweight, computes those rows of the
+//     column gradient and folds them into its channels of dinp.
+// A thread owns the same tiles in every image, so nothing another thread touches is ever
+// overwritten. A GEMM sums each element over K in the library's order whatever range of rows or
+// columns it is given, so the tiling does not change results. (The pthreads OpenBLAS, whose pool
+// fights OpenMP's, runs the tiles in turn: sgemm_nests().)
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kernels/cpu/cpu_ops_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 
 namespace memtrade::cpu {
 namespace {
 
-// col (K, P) of image `img`: col[(ci, ky, kx), (oy, ox)] = inp[img, ci, oy·s − pad + ky, ...].
-void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, float* col) {
+// This thread's index and the team size (0 and 1 outside a parallel region).
+int thread_id() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+int team_size() {
+#ifdef _OPENMP
+  return omp_get_num_threads();
+#else
+  return 1;
+#endif
+}
+int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// a / b rounded down and up, for b > 0 and any sign of a.
+std::int64_t floor_div(std::int64_t a, std::int64_t b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return a >= 0 ? (a + b - 1) / b : -(-a / b);
+}
+
+// The output columns [lo, hi) whose input column ox·s − pad + kx lies inside [0, W).
+struct OxRange {
+  std::int64_t lo, hi;
+};
+inline OxRange valid_ox(const ConvDims& d, std::int64_t kx) {
+  if (d.stride == 1) {  // no division: most rows of most convolutions
+    const std::int64_t lo = std::clamp<std::int64_t>(d.pad - kx, 0, d.ow);
+    return {lo, std::clamp<std::int64_t>(d.w + d.pad - kx, lo, d.ow)};
+  }
+  const std::int64_t lo = std::clamp<std::int64_t>(ceil_div(d.pad - kx, d.stride), 0, d.ow);
+  const std::int64_t hi =
+      std::clamp<std::int64_t>(floor_div(d.w - 1 + d.pad - kx, d.stride) + 1, lo, d.ow);
+  return {lo, hi};
+}
+
+// Stride 1 with OW = W (the rows of a "same" convolution): row (ci, ky, kx) of col is channel ci
+// of the image read at one flat offset, col[p] = x[p + (ky − pad)·W + (kx − pad)], except in
+// output rows whose input row lies outside the image (all 0) and in the first or last
+// |pad − kx| columns of each row, where the flat offset wraps into the neighbouring input row
+// (0 too). So a row is one copy (im2col) or one add (col2im) plus those fix-ups, not a loop
+// over output rows.
+struct FlatRow {
+  std::int64_t shift;       // (ky − pad)·W + (kx − pad)
+  std::int64_t lo, hi;      // [lo, hi): the positions p whose input row is inside the image
+  std::int64_t src0, src1;  // [src0, src1) ⊂ [lo, hi): those whose flat source is in the plane
+  OxRange ox;               // the columns that do not wrap
+};
+bool flat_rows(const ConvDims& d) {
+  return d.stride == 1 && d.ow == d.w;
+}
+FlatRow flat_row(const ConvDims& d, std::int64_t ky, std::int64_t kx) {
+  FlatRow r;
+  r.shift = (ky - d.pad) * d.w + (kx - d.pad);
+  const std::int64_t oy_lo = std::clamp<std::int64_t>(d.pad - ky, 0, d.oh);
+  const std::int64_t oy_hi = std::clamp<std::int64_t>(d.h + d.pad - ky, oy_lo, d.oh);
+  r.lo = oy_lo * d.ow;
+  r.hi = oy_hi * d.ow;
+  r.src0 = std::clamp(-r.shift, r.lo, r.hi);
+  r.src1 = std::clamp(d.h * d.w - r.shift, r.src0, r.hi);
+  r.ox = valid_ox(d, kx);
+  return r;
+}
+
+// Sets the wrapped columns (outside r.ox) of positions [a, b) of a flat row to 0.
+void zero_wrapped(const ConvDims& d, const FlatRow& r, std::int64_t a, std::int64_t b, float* row) {
+  // Column by column (|pad − kx| of them, usually one), strided by a row.
+  auto column = [&](std::int64_t c) {
+    const std::int64_t first = a + ((c - a % d.ow) % d.ow + d.ow) % d.ow;  // >= a, column c
+    for (std::int64_t p = first; p < b; p += d.ow) row[p] = 0.0f;
+  };
+  for (std::int64_t c = 0; c < r.ox.lo; ++c) column(c);
+  for (std::int64_t c = r.ox.hi; c < d.ow; ++c) column(c);
+}
+
+// Rows [k0, k1) and columns [p0, p1) of col (K, P) for image `img`:
+// col[(ci, ky, kx), (oy, ox)] = inp[img, ci, oy·s − pad + ky, ox·s − pad + kx], 0 outside.
+void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, std::int64_t k0,
+            std::int64_t k1, std::int64_t p0, std::int64_t p1, float* col) {
   const bool f32 = inp.dtype() == DType::F32;
+  const bool flat = f32 && flat_rows(d);
   const std::int64_t base = img * d.ci * d.h * d.w;
-  for (std::int64_t k = 0; k < d.k(); ++k) {
-    const std::int64_t ci = k / (d.kh * d.kw), ky = (k / d.kw) % d.kh, kx = k % d.kw;
+  // The flat rows of every kernel tap once, when there are few taps (3x3: 9).
+  constexpr std::int64_t kMaxTaps = 25;
+  const bool taps_cached = flat && d.kh * d.kw <= kMaxTaps;
+  FlatRow taps[kMaxTaps];
+  if (taps_cached)
+    for (std::int64_t t = 0; t < d.kh * d.kw; ++t) taps[t] = flat_row(d, t / d.kw, t % d.kw);
+  // Row k is (ci, ky, kx), kx fastest: stepped along instead of divided out per row.
+  std::int64_t ci = k0 / (d.kh * d.kw), ky = (k0 / d.kw) % d.kh, kx = k0 % d.kw;
+  for (std::int64_t k = k0; k < k1; ++k) {
     float* row = col + k * d.p();
-    for (std::int64_t oy = 0; oy < d.oh; ++oy) {
+    const OxRange ox = valid_ox(d, kx);
+    if (flat) {
+      const FlatRow r = taps_cached ? taps[ky * d.kw + kx] : flat_row(d, ky, kx);
+      const float* plane = inp.as<float>() + base + ci * d.h * d.w;
+      const std::int64_t a = std::clamp(r.src0, p0, p1), b = std::clamp(r.src1, a, p1);
+      std::fill(row + p0, row + a, 0.0f);
+      std::copy(plane + (a + r.shift), plane + (b + r.shift), row + a);
+      std::fill(row + b, row + p1, 0.0f);
+      zero_wrapped(d, r, a, b, row);
+    }
+    for (std::int64_t oy = p0 / d.ow; !flat && oy * d.ow < p1; ++oy) {
+      const std::int64_t a = std::max(p0 - oy * d.ow, std::int64_t{0});  // this row's [a, b)
+      const std::int64_t b = std::min(p1 - oy * d.ow, d.ow);
+      float* out = row + oy * d.ow;
       const std::int64_t iy = oy * d.stride - d.pad + ky;
-      for (std::int64_t ox = 0; ox < d.ow; ++ox) {
-        const std::int64_t ix = ox * d.stride - d.pad + kx;
-        float v = 0.0f;
-        if (iy >= 0 && iy < d.h && ix >= 0 && ix < d.w) {
-          const std::int64_t i = base + (ci * d.h + iy) * d.w + ix;
-          v = f32 ? inp.as<float>()[i] : load_as_float(inp.data(), inp.dtype(), i);
-        }
-        row[oy * d.ow + ox] = v;
+      if (iy < 0 || iy >= d.h) {
+        std::fill(out + a, out + b, 0.0f);
+        continue;
+      }
+      const std::int64_t lo = std::clamp(ox.lo, a, b), hi = std::clamp(ox.hi, lo, b);
+      std::fill(out + a, out + lo, 0.0f);
+      std::fill(out + hi, out + b, 0.0f);
+      const std::int64_t src = base + (ci * d.h + iy) * d.w - d.pad + kx;  // + ox·s: in bounds
+      if (f32 && d.stride == 1) {
+        std::copy_n(inp.as<float>() + (src + lo), hi - lo, out + lo);
+      } else if (f32) {
+        const float* x = inp.as<float>();
+        for (std::int64_t i = lo; i < hi; ++i) out[i] = x[src + i * d.stride];
+      } else {
+        for (std::int64_t i = lo; i < hi; ++i)
+          out[i] = load_as_float(inp.data(), inp.dtype(), src + i * d.stride);
+      }
+    }
+    if (++kx == d.kw) {
+      kx = 0;
+      if (++ky == d.kh) {
+        ky = 0;
+        ++ci;
       }
     }
   }
 }
 
-// dx (Ci, H, W) = Σ over windows of col (K, P): the adjoint of im2col.
-void col2im(const float* col, const ConvDims& d, float* dx) {
-  for (std::int64_t ci = 0; ci < d.ci; ++ci) {
+// dx (Ci, H, W) planes [ci0, ci1) = Σ over windows of col's rows of those channels: the adjoint
+// of im2col. Overwrites the wrapped columns of flat rows (see FlatRow) with 0.
+void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, float* dx) {
+  for (std::int64_t ci = ci0; ci < ci1; ++ci) {
     float* plane = dx + ci * d.h * d.w;
     std::fill(plane, plane + d.h * d.w, 0.0f);
     for (std::int64_t ky = 0; ky < d.kh; ++ky)
       for (std::int64_t kx = 0; kx < d.kw; ++kx) {
-        const float* row = col + ((ci * d.kh + ky) * d.kw + kx) * d.p();
+        float* row = col + ((ci * d.kh + ky) * d.kw + kx) * d.p();
+        if (flat_rows(d)) {  // the wrapped columns (this op's own scratch) become 0 first
+          const FlatRow r = flat_row(d, ky, kx);
+          zero_wrapped(d, r, r.src0, r.src1, row);
+          for (std::int64_t p = r.src0; p < r.src1; ++p) plane[p + r.shift] += row[p];
+          continue;
+        }
+        const OxRange ox = valid_ox(d, kx);
         for (std::int64_t oy = 0; oy < d.oh; ++oy) {
           const std::int64_t iy = oy * d.stride - d.pad + ky;
           if (iy < 0 || iy >= d.h) continue;
-          for (std::int64_t ox = 0; ox < d.ow; ++ox) {
-            const std::int64_t ix = ox * d.stride - d.pad + kx;
-            if (ix >= 0 && ix < d.w) plane[iy * d.w + ix] += row[oy * d.ow + ox];
+          const std::int64_t dst = iy * d.w - d.pad + kx;  // + ox·s: in bounds
+          const float* src = row + oy * d.ow;
+          if (d.stride == 1) {
+            float* y = plane + dst + ox.lo;
+            const float* x = src + ox.lo;
+            for (std::int64_t i = 0; i < ox.hi - ox.lo; ++i) y[i] += x[i];
+          } else {
+            for (std::int64_t i = ox.lo; i < ox.hi; ++i) plane[dst + i * d.stride] += src[i];
           }
         }
       }
@@ -58,6 +210,13 @@ std::optional<Tensor> scratch_if(bool need, CachingAllocator& alloc, Shape shape
   return Tensor(alloc, std::move(shape), DType::F32, Category::workspace);  // 16-bit copies
 }
 
+// Items per tile when n items are shared by `threads` threads: about two tiles per thread (for
+// balance), at least `min` items each (at least 1).
+std::int64_t tile_size(std::int64_t n, int threads, std::int64_t min) {
+  const std::int64_t want = (n + 2 * threads - 1) / (2 * threads);
+  return std::max<std::int64_t>(1, std::min(n, std::max(want, min)));
+}
+
 }  // namespace
 
 void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
@@ -67,18 +226,30 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
   F32In w(weight, alloc);
   auto out_buf = scratch_if(out.dtype() != DType::F32, alloc, {d.co, d.p()});
   Tensor col(alloc, {d.k(), d.p()}, DType::F32, Category::workspace);
-  for (std::int64_t img = 0; img < d.n; ++img) {
-    im2col(inp, img, d, col.as<float>());
-    const std::int64_t off = img * d.co * d.p();
-    float* y = out_buf ? out_buf->as<float>() : out.as<float>() + off;
-    if (bias) {
-      for (std::int64_t o = 0; o < d.co; ++o)
-        std::fill(y + o * d.p(), y + (o + 1) * d.p(),
-                  load_as_float(bias->data(), bias->dtype(), o));
+  if (d.n == 0 || d.p() == 0) return;
+  // Pixel tiles of at least 32 columns (narrower ones would starve the GEMM).
+  const std::int64_t tile = tile_size(d.p(), max_threads(), 32);
+  const std::int64_t tiles = (d.p() + tile - 1) / tile;
+  const bool parallel = sgemm_nests() && d.n * d.co * d.p() * d.k() >= kParallelGrain;
+#pragma omp parallel if (parallel)
+  {
+    const int id = thread_id(), team = team_size();
+    for (std::int64_t img = 0; img < d.n; ++img) {
+      const std::int64_t off = img * d.co * d.p();
+      float* y = out_buf ? out_buf->as<float>() : out.as<float>() + off;
+      for (std::int64_t j = id; j < tiles; j += team) {
+        const std::int64_t p0 = j * tile, np = std::min(tile, d.p() - p0);
+        im2col(inp, img, d, 0, d.k(), p0, p0 + np, col.as<float>());
+        if (bias)
+          for (std::int64_t o = 0; o < d.co; ++o)
+            std::fill_n(y + o * d.p() + p0, np, load_as_float(bias->data(), bias->dtype(), o));
+        sgemm(false, false, d.co, np, d.k(), 1.0f, w.data(), d.k(), col.as<float>() + p0, d.p(),
+              bias ? 1.0f : 0.0f, y + p0, d.p());
+        if (out_buf)
+          for (std::int64_t o = 0; o < d.co; ++o)
+            write_f32(out, off + o * d.p() + p0, np, y + o * d.p() + p0);
+      }
     }
-    sgemm(false, false, d.co, d.p(), d.k(), 1.0f, w.data(), d.k(), col.as<float>(), d.p(),
-          bias ? 1.0f : 0.0f, y, d.p());
-    if (out_buf) write_f32(out, off, d.co * d.p(), y);
   }
 }
 
@@ -87,15 +258,14 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
                              bool accumulate) {
   const ConvDims d = check_conv_backward(dinp, dweight, dbias, dout, inp, weight, stride, pad);
   if (dbias) {  // Σ over images and pixels, one channel per thread
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (d.n * d.co * d.p() >= kParallelGrain)
     for (std::int64_t o = 0; o < d.co; ++o) {
       float buf[kChunk];
       double sum = 0.0;
       for (std::int64_t img = 0; img < d.n; ++img)
         for (std::int64_t q = 0; q < d.p(); q += kChunk) {
           const std::int64_t len = std::min(kChunk, d.p() - q);
-          const float* g = read_f32(dout, (img * d.co + o) * d.p() + q, len, buf);
-          for (std::int64_t j = 0; j < len; ++j) sum += g[j];
+          sum += vec::sum(read_f32(dout, (img * d.co + o) * d.p() + q, len, buf), len);
         }
       const float old = accumulate ? load_as_float(dbias->data(), dbias->dtype(), o) : 0.0f;
       store_from_float(dbias->data(), dbias->dtype(), o, old + static_cast<float>(sum));
@@ -112,23 +282,41 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
   Tensor col(alloc, {d.k(), d.p()}, DType::F32, Category::workspace);
   // An empty batch still assigns a gradient of zeros (the per-image GEMMs below never run).
   if (dw && d.n == 0 && !accumulate) std::fill_n(dw->data(), weight.numel(), 0.0f);
-  for (std::int64_t img = 0; img < d.n; ++img) {
-    const std::int64_t out_off = img * d.co * d.p();
-    const float* g = dout_buf ? dout_buf->as<float>() : dout.as<float>() + out_off;
-    if (dout_buf) read_f32(dout, out_off, d.co * d.p(), dout_buf->as<float>());
-    if (dw) {  // dweight (Co, K) (+)= dout_n (Co, P) · col_nᵀ (P, K)
-      im2col(inp, img, d, col.as<float>());
-      const float beta = (img == 0 && !accumulate) ? 0.0f : 1.0f;
-      sgemm(false, true, d.co, d.k(), d.p(), 1.0f, g, d.p(), col.as<float>(), d.p(), beta,
-            dw->data(), d.k());
-    }
-    if (dinp) {  // dcol (K, P) = weightᵀ (K, Co) · dout_n (Co, P), folded back by col2im
-      sgemm(true, false, d.k(), d.p(), d.co, 1.0f, w->data(), d.k(), g, d.p(), 0.0f,
-            col.as<float>(), d.p());
+  const std::int64_t kk = d.kh * d.kw;                          // col rows per input channel
+  const std::int64_t tile = tile_size(d.ci, max_threads(), 1);  // channels per tile
+  const std::int64_t tiles = (d.ci + tile - 1) / tile;
+  const bool parallel = sgemm_nests() && d.n * d.co * d.p() * d.k() >= kParallelGrain;
+#pragma omp parallel if (parallel)
+  {
+    const int id = thread_id(), team = team_size();
+    for (std::int64_t img = 0; img < d.n; ++img) {
+      const std::int64_t out_off = img * d.co * d.p();
+      const float* g = dout_buf ? dout_buf->as<float>() : dout.as<float>() + out_off;
+      if (dout_buf) {  // one shared fp32 copy of this image's dout, once everyone is done
+#pragma omp barrier
+#pragma omp single
+        read_f32(dout, out_off, d.co * d.p(), dout_buf->as<float>());
+      }
       const std::int64_t in_off = img * d.ci * d.h * d.w;
-      float* dx = dinp_buf ? dinp_buf->as<float>() : dinp->as<float>() + in_off;
-      col2im(col.as<float>(), d, dx);
-      if (dinp_buf) write_f32(*dinp, in_off, d.ci * d.h * d.w, dx);
+      float* dx = dinp_buf ? dinp_buf->as<float>() : dinp ? dinp->as<float>() + in_off : nullptr;
+      for (std::int64_t j = id; j < tiles; j += team) {
+        const std::int64_t c0 = j * tile, c1 = std::min(d.ci, c0 + tile);
+        const std::int64_t k0 = c0 * kk, nk = (c1 - c0) * kk;
+        float* rows = col.as<float>() + k0 * d.p();
+        if (dw) {  // dweight[:, k0:k1] (+)= dout_n (Co, P) · col[k0:k1]ᵀ (P, nk)
+          im2col(inp, img, d, k0, k0 + nk, 0, d.p(), col.as<float>());
+          const float beta = (img == 0 && !accumulate) ? 0.0f : 1.0f;
+          sgemm(false, true, d.co, nk, d.p(), 1.0f, g, d.p(), rows, d.p(), beta, dw->data() + k0,
+                d.k());
+        }
+        if (dinp) {  // dcol[k0:k1] (nk, P) = weight[:, k0:k1]ᵀ · dout_n, folded back by col2im
+          sgemm(true, false, nk, d.p(), d.co, 1.0f, w->data() + k0, d.k(), g, d.p(), 0.0f, rows,
+                d.p());
+          col2im(col.as<float>(), d, c0, c1, dx);
+          if (dinp_buf)
+            write_f32(*dinp, in_off + c0 * d.h * d.w, (c1 - c0) * d.h * d.w, dx + c0 * d.h * d.w);
+        }
+      }
     }
   }
   if (dw) dw->commit();

@@ -1,9 +1,10 @@
 // Element-wise ops: fill, cast, add, scale, GELU, ReLU, SwiGLU. Chunked so that each chunk is read
-// into fp32 (in place for F32), transformed, and rounded back to the output's dtype.
+// into fp32 (in place for F32), transformed, and rounded back to the output's dtype; the
+// exp-based activations run kernels/cpu/cpu_vec.h's vector loops.
 #include <algorithm>
-#include <cmath>
 
 #include "kernels/cpu/cpu_ops_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 
 namespace memtrade::cpu {
 namespace {
@@ -32,8 +33,6 @@ void map2(Tensor& out, const Tensor& a, const Tensor& b, F f) {
     write_f32(out, off, len, y);
   });
 }
-
-constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
 
 }  // namespace
 
@@ -75,40 +74,15 @@ void CpuOps::scale(Tensor& t, float s) {
   });
 }
 
-namespace {
-
-// tanh through one expf: tanh(|u|) = (1 - e^{-2|u|}) / (1 + e^{-2|u|}). glibc's tanhf goes
-// through expm1f and was a fifth of a gpt-mini training step (perf); this is ~2x cheaper and
-// within ~1.2e-7 absolute of tanh, far below what GELU's 0.5·x·(1 + tanh) can see in fp32.
-inline float tanh_via_exp(float u) {
-  const float t = std::exp(-2.0f * std::fabs(u));
-  const float r = (1.0f - t) / (1.0f + t);
-  return std::copysign(r, u);
-}
-
-}  // namespace
-
 void CpuOps::gelu_forward(Tensor& out, const Tensor& inp) {
   check_unary("gelu_forward", out, inp);
-  map1(out, inp, [](const float* x, float* y, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float v = x[i];
-      y[i] = 0.5f * v * (1.0f + tanh_via_exp(kGeluScale * (v + 0.044715f * v * v * v)));
-    }
-  });
+  map1(out, inp, [](const float* x, float* y, std::int64_t n) { vec::gelu_forward(x, y, n); });
 }
 
 void CpuOps::gelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) {
   check_binary("gelu_backward", dinp, dout, inp);
   map2(dinp, dout, inp, [](const float* g, const float* x, float* y, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float v = x[i];
-      const float th = tanh_via_exp(kGeluScale * (v + 0.044715f * v * v * v));
-      const float sech2 = 1.0f - th * th;
-      const float local =
-          0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
-      y[i] = local * g[i];
-    }
+    vec::gelu_backward(g, x, y, n);
   });
 }
 
@@ -124,22 +98,18 @@ void CpuOps::relu_forward(Tensor& out, const Tensor& inp) {
 void CpuOps::relu_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) {
   check_binary("relu_backward", dinp, dout, out);
   map2(dinp, dout, out, [](const float* g, const float* o, float* y, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) y[i] = o[i] > 0.0f ? g[i] : 0.0f;
+    // g[i] read whatever o[i] says: a load the condition guards keeps GCC from vectorising.
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float gi = g[i];
+      y[i] = o[i] > 0.0f ? gi : 0.0f;
+    }
   });
 }
-
-namespace {
-
-inline float sigmoid(float x) {
-  return 1.0f / (1.0f + std::exp(-x));
-}
-
-}  // namespace
 
 void CpuOps::swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
   check_binary("swiglu_forward", out, gate, up);
   map2(out, gate, up, [](const float* g, const float* u, float* y, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) y[i] = g[i] * sigmoid(g[i]) * u[i];
+    vec::swiglu_forward(g, u, y, n);
   });
 }
 
@@ -153,13 +123,9 @@ void CpuOps::swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, con
     const float* u = read_f32(up, off, len, bu);
     float* dg = dest_f32(dgate, off, bdg);
     float* du = dest_f32(dup, off, bdu);
-    // Every input of element i is read before its outputs are written: an output may alias
-    // the input it replaces.
-    for (std::int64_t i = 0; i < len; ++i) {
-      const float x = g[i], s = sigmoid(x), gi = d[i], ui = u[i];
-      dg[i] = gi * ui * (s * (1.0f + x * (1.0f - s)));
-      du[i] = gi * (x * s);
-    }
+    // Element i's inputs are all read before its outputs are written (cpu_vec.h): an output
+    // may alias the input it replaces.
+    vec::swiglu_backward(d, g, u, dg, du, len);
     write_f32(dgate, off, len, dg);
     write_f32(dup, off, len, du);
   });

@@ -25,6 +25,7 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 
 namespace memtrade::cpu {
 namespace {
@@ -78,13 +79,13 @@ void CpuOps::flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv
       for (std::int64_t r = 0; r < nr; ++r) {
         float* row = s + r * kBc;
         const std::int64_t n = visible(r0, r, j0, nc);
-        float mx = m[r];
-        for (std::int64_t c = 0; c < n; ++c) mx = std::max(mx, row[c]);
+        const float mx = std::max(m[r], vec::max(row, n));
         // exp(−inf) = 0 rescales nothing on the first tile; a row that sees none of this tile
         // keeps its maximum (and its first tile always has a key: its own position).
         const float alpha = n > 0 ? std::exp(m[r] - mx) : 1.0f;
+        vec::exp_shifted(row, mx, row, n);
         float sum = 0.0f;
-        for (std::int64_t c = 0; c < n; ++c) sum += (row[c] = std::exp(row[c] - mx));
+        for (std::int64_t c = 0; c < n; ++c) sum += row[c];
         std::fill(row + n, row + nc, 0.0f);
         l[r] = l[r] * alpha + sum;
         m[r] = mx;
@@ -151,7 +152,7 @@ void CpuOps::flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Te
           for (std::int64_t r = 0; r < nr; ++r) {
             float* row = p + r * kBc;
             const std::int64_t n = visible(r0, r, j0, nc);
-            for (std::int64_t c = 0; c < n; ++c) row[c] = std::exp(row[c] - row_lse[r0 + r]);
+            vec::exp_shifted(row, row_lse[r0 + r], row, n);
             std::fill(row + n, row + nc, 0.0f);
           }
           // dV += Pᵀ·dO; dP = dO·Vᵀ

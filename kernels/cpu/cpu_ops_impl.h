@@ -41,7 +41,7 @@ float* dest_f32(Tensor& t, std::int64_t off, float* buf);
 void write_f32(Tensor& t, std::int64_t off, std::int64_t n, const float* src);
 // v[0..n) rounded in place to the precision of float dtype t (through its storage format).
 void round_f32(float* v, std::int64_t n, DType t);
-// Bulk conversions between any float storage and fp32 (serial: see cpu_ops.cpp).
+// Bulk conversions between any float storage and fp32 (over the threads when large).
 void convert_to_f32(const void* src, DType t, std::int64_t n, float* dst);
 void convert_from_f32(const float* src, DType t, std::int64_t n, void* dst);
 
@@ -71,20 +71,47 @@ class F32Out {
   float* p_ = nullptr;
 };
 
-// Runs f(off, len) over [0, n) in kChunk pieces, in parallel when n is large enough.
+// Work (elements touched) below which an op stays on the calling thread, as PyTorch's
+// at::internal::GRAIN_SIZE: with OMP_WAIT_POLICY=passive every parallel region wakes the other
+// threads through the kernel, which costs more than a few thousand element operations, and
+// far more on a loaded machine, where the woken thread may wait for a core.
+inline constexpr std::int64_t kParallelGrain = 32768;
+
+// Runs f(off, len) over [0, n) in kChunk pieces, in parallel when n >= kParallelGrain.
 template <typename F>
 void for_chunks(std::int64_t n, F&& f) {
   const std::int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks > 1)
+#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t off = c * kChunk;
     f(off, n - off < kChunk ? n - off : kChunk);
   }
 }
 
+// Columns per block of the column-wise reductions (bias and norm parameter gradients): small
+// enough that a GPT's 64..768 columns make several blocks for the threads, wide enough for
+// vector loops. Each column is summed over the rows in order by one thread, so the result is
+// the same for any block size or thread count.
+inline constexpr std::int64_t kColumnBlock = 64;
+
+// Runs f(col0, ncols) over the column blocks of a (rows, cols) reduction, in parallel when
+// rows·cols >= kParallelGrain.
+template <typename F>
+void for_column_blocks(std::int64_t rows, std::int64_t cols, F&& f) {
+  const std::int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelGrain)
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int64_t c0 = b * kColumnBlock;
+    f(c0, cols - c0 < kColumnBlock ? cols - c0 : kColumnBlock);
+  }
+}
+
 // ---- GEMM ---------------------------------------------------------------------------------------
 // Row-major C (M, N) = alpha · op(A) · op(B) + beta · C with leading dimensions as in cblas.
 // OpenBLAS when available, else blocked_sgemm. Inside a parallel region only if sgemm_nests().
+// Outside one, a GEMM of 2^18 multiply-adds or more is split into one block of C's rows (or
+// columns) per thread, each a single-threaded OpenBLAS call (cpu_ops_gemm.cpp says why); so, as
+// with OpenBLAS's own threading, how a sum is rounded depends on the thread count.
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
            const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
            std::int64_t ldc);

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 
 namespace memtrade::cpu {
 namespace {
@@ -25,21 +26,25 @@ std::int64_t check_ce_targets(std::string_view op, const Tensor& logits, const T
   return n;
 }
 
+float row_max(const Tensor& logits, std::int64_t base, std::int64_t v) {
+  float buf[kChunk];
+  float mx = -INFINITY;
+  for (std::int64_t o = 0; o < v; o += kChunk) {
+    const std::int64_t len = std::min(kChunk, v - o);
+    mx = std::max(mx, vec::max(read_f32(logits, base + o, len, buf), len));
+  }
+  return mx;
+}
+
 // Max and Σexp(x − max) of one logits row.
 void row_logsumexp(const Tensor& logits, std::int64_t base, std::int64_t v, float& mx,
                    double& sum) {
   float buf[kChunk];
-  mx = -INFINITY;
-  for (std::int64_t o = 0; o < v; o += kChunk) {
-    const std::int64_t len = std::min(kChunk, v - o);
-    const float* x = read_f32(logits, base + o, len, buf);
-    for (std::int64_t j = 0; j < len; ++j) mx = std::max(mx, x[j]);
-  }
+  mx = row_max(logits, base, v);
   sum = 0.0;
   for (std::int64_t o = 0; o < v; o += kChunk) {
     const std::int64_t len = std::min(kChunk, v - o);
-    const float* x = read_f32(logits, base + o, len, buf);
-    for (std::int64_t j = 0; j < len; ++j) sum += std::exp(x[j] - mx);
+    sum += vec::exp_sum(read_f32(logits, base + o, len, buf), mx, nullptr, len);
   }
 }
 
@@ -54,7 +59,7 @@ void CpuOps::embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& 
   check_tokens(op, tokens, wte.dim(0));
   const std::int64_t bt = tokens.numel(), t_len = tokens.dim(1), c = out.dim(2);
   const std::int32_t* tk = tokens.as<std::int32_t>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (bt * c >= kParallelGrain)
   for (std::int64_t i = 0; i < bt; ++i) {
     float be[kChunk], bp[kChunk], bo[kChunk];
     for (std::int64_t o = 0; o < c; o += kChunk) {
@@ -82,7 +87,7 @@ void CpuOps::embedding_backward(Tensor* dwte, Tensor* dwpe, const Tensor& dout,
   if (dwpe) {  // dwpe[t] (+)= Σ_b dout[b, t]; rows t >= T get nothing
     if (!accumulate) fill(*dwpe, 0.0f);
     const std::int64_t batch = tokens.dim(0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (bt * c >= kParallelGrain)
     for (std::int64_t t = 0; t < t_len; ++t) {
       float acc[kChunk], bg[kChunk], bo[kChunk];
       for (std::int64_t o = 0; o < c; o += kChunk) {
@@ -111,7 +116,7 @@ void CpuOps::embedding_backward(Tensor* dwte, Tensor* dwpe, const Tensor& dout,
     std::sort(ord, ord + bt, [tk](std::int32_t a, std::int32_t b) {
       return tk[a] != tk[b] ? tk[a] < tk[b] : a < b;
     });
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for schedule(dynamic, 16) if (bt * c >= kParallelGrain)
     for (std::int64_t s = 0; s < bt; ++s) {
       const std::int32_t tok = tk[ord[s]];
       if (s > 0 && tk[ord[s - 1]] == tok) continue;  // not the start of a group
@@ -142,7 +147,7 @@ void CpuOps::crossentropy_forward(Tensor& losses, const Tensor& logits, const Te
     fail(op, "losses {} must have {} elements", shape_str(losses.shape()), n);
   const std::int64_t v = logits.dim(-1);
   const std::int32_t* tg = targets.as<std::int32_t>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * v >= kParallelGrain)
   for (std::int64_t r = 0; r < n; ++r) {
     float loss = 0.0f;
     if (tg[r] >= 0) {
@@ -164,25 +169,40 @@ void CpuOps::crossentropy_backward(Tensor& dlogits, const Tensor& logits, const 
   check_shape(op, "dlogits", dlogits, logits.shape());
   const std::int64_t v = logits.dim(-1);
   const std::int32_t* tg = targets.as<std::int32_t>();
-#pragma omp parallel for schedule(static)
+  // An F32 dlogits receives each row's exps in the pass that sums them (dlogits may alias
+  // logits: each is written where it was read), so the row is exponentiated once; 16-bit
+  // dlogits recompute them. Either way y = (e·inv − onehot)·dloss, and (e·inv − 0)·dloss is
+  // e·inv·dloss: only the target's element subtracts.
+  const bool keep = dlogits.dtype() == DType::F32;
+#pragma omp parallel for schedule(static) if (n * v >= kParallelGrain)
   for (std::int64_t r = 0; r < n; ++r) {
-    float mx = 0.0f;
-    double sum = 1.0;
-    if (tg[r] >= 0) row_logsumexp(logits, r * v, v, mx, sum);
-    const float inv = static_cast<float>(1.0 / sum);
     float bx[kChunk], bo[kChunk];
+    const std::int64_t t = tg[r];
+    if (t < 0) {
+      for (std::int64_t o = 0; o < v; o += kChunk) {
+        const std::int64_t len = std::min(kChunk, v - o);
+        float* y = dest_f32(dlogits, r * v + o, bo);
+        std::fill(y, y + len, 0.0f);
+        write_f32(dlogits, r * v + o, len, y);
+      }
+      continue;
+    }
+    const float mx = row_max(logits, r * v, v);
+    double sum = 0.0;
     for (std::int64_t o = 0; o < v; o += kChunk) {
       const std::int64_t len = std::min(kChunk, v - o);
-      const float* x = read_f32(logits, r * v + o, len, bx);  // read before dlogits may alias
+      sum += vec::exp_sum(read_f32(logits, r * v + o, len, bx), mx,
+                          keep ? dlogits.as<float>() + r * v + o : nullptr, len);
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (std::int64_t o = 0; o < v; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, v - o);
       float* y = dest_f32(dlogits, r * v + o, bo);
-      if (tg[r] < 0) {
-        std::fill(y, y + len, 0.0f);
-      } else {
-        for (std::int64_t j = 0; j < len; ++j) {
-          const float onehot = (o + j == tg[r]) ? 1.0f : 0.0f;
-          y[j] = (std::exp(x[j] - mx) * inv - onehot) * dloss;
-        }
-      }
+      if (!keep) vec::exp_shifted(read_f32(logits, r * v + o, len, bx), mx, y, len);
+      const bool has_target = t >= o && t < o + len;
+      const float e_target = has_target ? y[t - o] : 0.0f;
+      for (std::int64_t j = 0; j < len; ++j) y[j] = y[j] * inv * dloss;
+      if (has_target) y[t - o] = (e_target * inv - 1.0f) * dloss;
       write_f32(dlogits, r * v + o, len, y);
     }
   }

@@ -1,10 +1,11 @@
-// Layer-norm, softmax and batch-norm. Rows (or channels) go to threads; each row is streamed in
-// kChunk pieces, so any row length works with fixed stack buffers. Statistics are accumulated
-// in double so that they do not depend on the chunking.
+// Layer-norm, softmax and RMSNorm. Rows go to threads (when the tensor is large enough to pay for
+// waking them); each row is streamed in kChunk pieces, so any row length works with fixed stack
+// buffers. Statistics are accumulated in double, in kernels/cpu/cpu_vec.h's fixed lanes.
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 
 namespace memtrade::cpu {
 namespace {
@@ -28,22 +29,20 @@ void store_param_grad(Tensor& g, std::int64_t off, std::int64_t len, const float
 void CpuOps::layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                                const Tensor& weight, const Tensor& bias, float eps) {
   const auto [n, c] = check_layernorm_forward(out, mean, rstd, inp, weight, bias);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * c >= kParallelGrain)
   for (std::int64_t r = 0; r < n; ++r) {
     float bx[kChunk], bw[kChunk], bb[kChunk], bo[kChunk];
     const std::int64_t base = r * c;
     double sum = 0.0;
     for (std::int64_t o = 0; o < c; o += kChunk) {
       const std::int64_t len = std::min(kChunk, c - o);
-      const float* x = read_f32(inp, base + o, len, bx);
-      for (std::int64_t j = 0; j < len; ++j) sum += x[j];
+      sum += vec::sum(read_f32(inp, base + o, len, bx), len);
     }
     const double mu = sum / static_cast<double>(c);
     double var = 0.0;
     for (std::int64_t o = 0; o < c; o += kChunk) {
       const std::int64_t len = std::min(kChunk, c - o);
-      const float* x = read_f32(inp, base + o, len, bx);
-      for (std::int64_t j = 0; j < len; ++j) var += (x[j] - mu) * (x[j] - mu);
+      var += vec::sum_sq_dev(read_f32(inp, base + o, len, bx), mu, len);
     }
     const float m = static_cast<float>(mu);
     const float s = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(c) + eps));
@@ -70,7 +69,7 @@ void CpuOps::layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias, co
   // Parameter gradients first (column blocks per thread, rows in order: deterministic), since
   // dinp may alias dout.
   if (dweight || dbias) {
-    for_chunks(c, [&](std::int64_t o, std::int64_t len) {
+    for_column_blocks(n, c, [&](std::int64_t o, std::int64_t len) {
       float accw[kChunk], accb[kChunk], bx[kChunk], bg[kChunk];
       std::fill(accw, accw + len, 0.0f);
       std::fill(accb, accb + len, 0.0f);
@@ -86,7 +85,7 @@ void CpuOps::layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias, co
       if (dbias) store_param_grad(*dbias, o, len, accb, accumulate);
     });
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * c >= kParallelGrain)
   for (std::int64_t r = 0; r < n; ++r) {
     float bx[kChunk], bg[kChunk], bw[kChunk], bo[kChunk];
     const std::int64_t base = r * c;
@@ -96,11 +95,10 @@ void CpuOps::layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias, co
       const float* x = read_f32(inp, base + o, len, bx);
       const float* g = read_f32(dout, base + o, len, bg);
       const float* w = read_f32(weight, o, len, bw);
-      for (std::int64_t j = 0; j < len; ++j) {
-        const float dnorm = w[j] * g[j];
-        dnorm_mean += dnorm;
-        dnorm_norm_mean += dnorm * (x[j] - mu[r]) * rs[r];
-      }
+      double a = 0.0, b = 0.0;
+      vec::layernorm_backward_sums(x, g, w, mu[r], rs[r], len, a, b);
+      dnorm_mean += a;
+      dnorm_norm_mean += b;
     }
     const float dm = static_cast<float>(dnorm_mean / static_cast<double>(c));
     const float dnm = static_cast<float>(dnorm_norm_mean / static_cast<double>(c));
@@ -122,28 +120,30 @@ void CpuOps::layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias, co
 void CpuOps::softmax_forward(Tensor& out, const Tensor& inp) {
   const RowDims dims = check_softmax_forward(out, inp);
   const std::int64_t n = dims.rows, c = dims.c;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * c >= kParallelGrain)
   for (std::int64_t r = 0; r < n; ++r) {
     float bx[kChunk], bo[kChunk];
     const std::int64_t base = r * c;
     float mx = -INFINITY;
     for (std::int64_t o = 0; o < c; o += kChunk) {
       const std::int64_t len = std::min(kChunk, c - o);
-      const float* x = read_f32(inp, base + o, len, bx);
-      for (std::int64_t j = 0; j < len; ++j) mx = std::max(mx, x[j]);
+      mx = std::max(mx, vec::max(read_f32(inp, base + o, len, bx), len));
     }
+    // An F32 out keeps the exps (out may alias inp: each is written where it was read), so
+    // the last pass only scales; a 16-bit one recomputes them.
+    const bool keep = out.dtype() == DType::F32;
     double sum = 0.0;
     for (std::int64_t o = 0; o < c; o += kChunk) {
       const std::int64_t len = std::min(kChunk, c - o);
-      const float* x = read_f32(inp, base + o, len, bx);
-      for (std::int64_t j = 0; j < len; ++j) sum += std::exp(x[j] - mx);
+      sum += vec::exp_sum(read_f32(inp, base + o, len, bx), mx,
+                          keep ? out.as<float>() + base + o : nullptr, len);
     }
     const float inv = static_cast<float>(1.0 / sum);
     for (std::int64_t o = 0; o < c; o += kChunk) {
       const std::int64_t len = std::min(kChunk, c - o);
-      const float* x = read_f32(inp, base + o, len, bx);
       float* y = dest_f32(out, base + o, bo);
-      for (std::int64_t j = 0; j < len; ++j) y[j] = std::exp(x[j] - mx) * inv;
+      if (!keep) vec::exp_shifted(read_f32(inp, base + o, len, bx), mx, y, len);
+      vec::scale(y, inv, y, len);
       write_f32(out, base + o, len, y);
     }
   }
@@ -152,7 +152,7 @@ void CpuOps::softmax_forward(Tensor& out, const Tensor& inp) {
 void CpuOps::softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) {
   const RowDims dims = check_softmax_backward(dinp, dout, out);
   const std::int64_t n = dims.rows, c = dims.c;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * c >= kParallelGrain)
   for (std::int64_t r = 0; r < n; ++r) {
     float bg[kChunk], by[kChunk], bo[kChunk];
     const std::int64_t base = r * c;
@@ -181,7 +181,7 @@ void CpuOps::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const
                              float eps) {
   const auto [n, c] = check_rmsnorm_forward(out, rstd, inp, weight);
   if (c == 0) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * c >= kParallelGrain)
   for (std::int64_t r = 0; r < n; ++r) {
     float bx[kChunk], bw[kChunk], bo[kChunk], norm[kChunk];
     const std::int64_t base = r * c;
@@ -213,7 +213,7 @@ void CpuOps::rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout,
   // The weight gradient first (column blocks per thread, rows in order: deterministic), since
   // dinp may alias dout.
   if (dweight) {
-    for_chunks(c, [&](std::int64_t o, std::int64_t len) {
+    for_column_blocks(n, c, [&](std::int64_t o, std::int64_t len) {
       float acc[kChunk], bx[kChunk], bg[kChunk], norm[kChunk];
       std::fill(acc, acc + len, 0.0f);
       for (std::int64_t r = 0; r < n; ++r) {
@@ -227,7 +227,7 @@ void CpuOps::rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout,
     });
   }
   // dx = rstd · (w·g − n · mean(w·g·n)), n = x·rstd.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * c >= kParallelGrain)
   for (std::int64_t r = 0; r < n; ++r) {
     float bx[kChunk], bg[kChunk], bw[kChunk], bo[kChunk];
     const std::int64_t base = r * c;

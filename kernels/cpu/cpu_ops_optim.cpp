@@ -1,11 +1,13 @@
 // Loss-scale unscaling with the inf/nan check, and one optimizer step with torch.optim's
 // formulas (single-tensor path, foreach=False): the element arithmetic of
-// kernels/optimizer_math.h, shared with CUDA. Compiled with -ffp-contract=off
-// (kernels/CMakeLists.txt): the host update must round as the device's does.
+// kernels/optimizer_math.h, shared with CUDA, in cpu_vec.h's vector loop. This file and
+// cpu_vec.cpp are compiled with -ffp-contract=off (kernels/CMakeLists.txt): the host update
+// must round as the device's does.
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 #include "kernels/optimizer_math.h"
 
 namespace memtrade::cpu {
@@ -42,34 +44,25 @@ void CpuOps::optimizer_update(const OptimizerHyper& h, Tensor& param, const Tens
   check_optimizer_update(h, param, grad, state0, state1);
   const int nstate = optimizer_state_count(h.kind);
   const OptimizerScalars a = optimizer_scalars(h);
-  dispatch_optimizer(h.kind, [&](auto kind) {
-    for_chunks(param.numel(), [&](std::int64_t off, std::int64_t len) {
-      float bp[kChunk], bg[kChunk], b0[kChunk], b1[kChunk];
-      float op_[kChunk], o0[kChunk], o1[kChunk];
-      const float* p_in = read_f32(param, off, len, bp);
-      const float* g_in = read_f32(grad, off, len, bg);
-      const OptimizerScalars sc = a;  // a local copy: the stores below cannot alias it
-      // A kind without a state reads zeros and writes into scratch: a branch-free loop.
-      if (nstate < 2) std::fill_n(b1, len, 0.0f);
-      if (nstate < 1) std::fill_n(b0, len, 0.0f);
-      const float* s0_in = nstate >= 1 ? read_f32(*state0, off, len, b0) : b0;
-      const float* s1_in = nstate >= 2 ? read_f32(*state1, off, len, b1) : b1;
-      float* p = dest_f32(param, off, op_);
-      float* s0 = nstate >= 1 ? dest_f32(*state0, off, o0) : o0;
-      float* s1 = nstate >= 2 ? dest_f32(*state1, off, o1) : o1;
-      // Element j reads and writes only index j (reads may alias writes at the same index when
-      // F32), so the lanes are independent: too many pointers for the compiler's alias checks.
-#pragma omp simd
-      for (std::int64_t j = 0; j < len; ++j) {
-        float m0 = s0_in[j], m1 = s1_in[j];
-        p[j] = optimizer_element<decltype(kind)::value>(sc, p_in[j], g_in[j], m0, m1);
-        s0[j] = m0;
-        s1[j] = m1;
-      }
-      write_f32(param, off, len, p);
-      if (nstate >= 1) write_f32(*state0, off, len, s0);
-      if (nstate >= 2) write_f32(*state1, off, len, s1);
-    });
+  for_chunks(param.numel(), [&](std::int64_t off, std::int64_t len) {
+    float bp[kChunk], bg[kChunk], b0[kChunk], b1[kChunk];
+    float op_[kChunk], o0[kChunk], o1[kChunk];
+    const float* p_in = read_f32(param, off, len, bp);
+    const float* g_in = read_f32(grad, off, len, bg);
+    // A kind without a state reads zeros and writes into scratch: a branch-free loop.
+    if (nstate < 2) std::fill_n(b1, len, 0.0f);
+    if (nstate < 1) std::fill_n(b0, len, 0.0f);
+    const float* s0_in = nstate >= 1 ? read_f32(*state0, off, len, b0) : b0;
+    const float* s1_in = nstate >= 2 ? read_f32(*state1, off, len, b1) : b1;
+    float* p = dest_f32(param, off, op_);
+    float* s0 = nstate >= 1 ? dest_f32(*state0, off, o0) : o0;
+    float* s1 = nstate >= 2 ? dest_f32(*state1, off, o1) : o1;
+    // The element loop, vectorised for the CPU at hand (cpu_vec.h: the same bits on every
+    // path, no FMA): element j reads and writes only index j.
+    vec::optimizer_step(a, p_in, g_in, s0_in, s1_in, p, s0, s1, len);
+    write_f32(param, off, len, p);
+    if (nstate >= 1) write_f32(*state0, off, len, s0);
+    if (nstate >= 2) write_f32(*state1, off, len, s1);
   });
 }
 

@@ -1,9 +1,11 @@
 // Batch-norm (training statistics) and pooling for the convolution network, NCHW layout.
 // Channels (or (n, c) planes) go to threads, so every reduction has one owner: deterministic.
+// Sums run in double in kernels/cpu/cpu_vec.h's fixed lanes.
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 
 namespace memtrade::cpu {
 namespace {
@@ -35,19 +37,17 @@ void CpuOps::batchnorm_forward(Tensor& out, Tensor& mean, Tensor& invstd, const 
   const std::int64_t count = inp.numel() / std::max<std::int64_t>(c, 1);
   if (count < 2)
     fail(op, "need more than 1 value per channel in training, inp {}", shape_str(inp.shape()));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (inp.numel() >= kParallelGrain)
   for (std::int64_t ch = 0; ch < c; ++ch) {
     float bx[kChunk], bo[kChunk];
     double sum = 0.0;
     for_channel(inp, ch, [&](std::int64_t off, std::int64_t len) {
-      const float* x = read_f32(inp, off, len, bx);
-      for (std::int64_t j = 0; j < len; ++j) sum += x[j];
+      sum += vec::sum(read_f32(inp, off, len, bx), len);
     });
     const double mu = sum / static_cast<double>(count);
     double ss = 0.0;
     for_channel(inp, ch, [&](std::int64_t off, std::int64_t len) {
-      const float* x = read_f32(inp, off, len, bx);
-      for (std::int64_t j = 0; j < len; ++j) ss += (x[j] - mu) * (x[j] - mu);
+      ss += vec::sum_sq_dev(read_f32(inp, off, len, bx), mu, len);
     });
     const double var = ss / static_cast<double>(count);  // biased: used to normalise
     const float m = static_cast<float>(mu);
@@ -78,18 +78,14 @@ void CpuOps::batchnorm_backward(Tensor& dinp, Tensor* dgamma, Tensor* dbeta, con
   const std::int64_t c =
       check_batchnorm_backward(dinp, dgamma, dbeta, dout, inp, gamma, mean, invstd);
   const std::int64_t count = inp.numel() / std::max<std::int64_t>(c, 1);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (inp.numel() >= kParallelGrain)
   for (std::int64_t ch = 0; ch < c; ++ch) {
     float bx[kChunk], bg[kChunk], bo[kChunk];
     const float m = mean.as<float>()[ch], is = invstd.as<float>()[ch];
     double sum_dy = 0.0, sum_dy_xhat = 0.0;
     for_channel(inp, ch, [&](std::int64_t off, std::int64_t len) {
-      const float* x = read_f32(inp, off, len, bx);
-      const float* g = read_f32(dout, off, len, bg);
-      for (std::int64_t j = 0; j < len; ++j) {
-        sum_dy += g[j];
-        sum_dy_xhat += g[j] * (x[j] - m) * is;
-      }
+      vec::batchnorm_backward_sums(read_f32(inp, off, len, bx), read_f32(dout, off, len, bg), m, is,
+                                   len, sum_dy, sum_dy_xhat);
     });
     // dx = γ·invstd/n · (n·dy − Σdy − x̂·Σ(dy·x̂))
     const float k = read1(gamma, ch) * is / static_cast<float>(count);
@@ -113,14 +109,13 @@ void CpuOps::global_avgpool_forward(Tensor& out, const Tensor& inp) {
   check_float(op, "out", out);
   check_shape(op, "out", out, {inp.dim(0), inp.dim(1)});
   const std::int64_t planes = inp.dim(0) * inp.dim(1), hw = inp.dim(2) * inp.dim(3);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (planes * hw >= kParallelGrain)
   for (std::int64_t p = 0; p < planes; ++p) {
     float bx[kChunk];
     double sum = 0.0;
     for (std::int64_t o = 0; o < hw; o += kChunk) {
       const std::int64_t len = std::min(kChunk, hw - o);
-      const float* x = read_f32(inp, p * hw + o, len, bx);
-      for (std::int64_t j = 0; j < len; ++j) sum += x[j];
+      sum += vec::sum(read_f32(inp, p * hw + o, len, bx), len);
     }
     write1(out, p, static_cast<float>(sum / static_cast<double>(hw)));
   }
@@ -132,7 +127,7 @@ void CpuOps::global_avgpool_backward(Tensor& dinp, const Tensor& dout) {
   check_float(op, "dout", dout);
   check_shape(op, "dout", dout, {dinp.dim(0), dinp.dim(1)});
   const std::int64_t planes = dinp.dim(0) * dinp.dim(1), hw = dinp.dim(2) * dinp.dim(3);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (planes * hw >= kParallelGrain)
   for (std::int64_t p = 0; p < planes; ++p) {
     float bo[kChunk];
     const float g = read1(dout, p) / static_cast<float>(hw);
@@ -163,7 +158,7 @@ void CpuOps::maxpool2d_forward(Tensor& out, Tensor& argmax, const Tensor& inp, i
   check_shape(op, "argmax", argmax, os);
   const std::int64_t planes = inp.dim(0) * inp.dim(1);
   std::int32_t* am = argmax.as<std::int32_t>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (inp.numel() >= kParallelGrain)
   for (std::int64_t p = 0; p < planes; ++p) {
     for (std::int64_t y = 0; y < oh; ++y) {
       for (std::int64_t x = 0; x < ow; ++x) {
@@ -201,7 +196,7 @@ void CpuOps::maxpool2d_backward(Tensor& dinp, const Tensor& dout, const Tensor& 
   const std::int32_t* am = argmax.as<std::int32_t>();
   for (std::int64_t i = 0; i < argmax.numel(); ++i)
     if (am[i] < 0 || am[i] >= hw) fail(op, "argmax {} out of range [0, {})", am[i], hw);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (dinp.numel() >= kParallelGrain)
   for (std::int64_t p = 0; p < planes; ++p) {
     // Accumulate in fp32 one plane at a time (overlapping windows add up), then round once.
     float acc[kChunk], bo[kChunk];

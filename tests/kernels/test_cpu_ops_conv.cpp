@@ -1,6 +1,8 @@
 // conv2d forward/backward (im2col + GEMM) against a direct double convolution.
 #include <tuple>
 
+#include <omp.h>
+
 #include "tests/kernels/test_cpu_ops_common.h"
 
 namespace memtrade::test {
@@ -70,6 +72,92 @@ INSTANTIATE_TEST_SUITE_P(KernelStridePad, ConvTest,
                          ::testing::Values(std::tuple{3, 1, 0}, std::tuple{3, 1, 1},
                                            std::tuple{3, 2, 0}, std::tuple{3, 2, 1},
                                            std::tuple{1, 1, 0}, std::tuple{1, 2, 0}));
+
+// The adjoints of ref_conv in double: dx, dw, db for L = Σ y·r.
+struct ConvGrads {
+  Vec dx, dw, db;
+};
+ConvGrads ref_conv_grads(const Conv& d, const Vec& x, const Vec& wt, const Vec& r) {
+  ConvGrads g{Vec(x.size(), 0.0), Vec(wt.size(), 0.0), Vec(d.co, 0.0)};
+  for (int i = 0; i < d.n; ++i)
+    for (int o = 0; o < d.co; ++o)
+      for (int oy = 0; oy < d.oh(); ++oy)
+        for (int ox = 0; ox < d.ow(); ++ox) {
+          const double ry = r[((i * d.co + o) * d.oh() + oy) * d.ow() + ox];
+          g.db[o] += ry;
+          for (int c = 0; c < d.ci; ++c)
+            for (int ky = 0; ky < d.k; ++ky)
+              for (int kx = 0; kx < d.k; ++kx) {
+                const int iy = oy * d.stride - d.pad + ky, ix = ox * d.stride - d.pad + kx;
+                if (iy < 0 || iy >= d.h || ix < 0 || ix >= d.w) continue;
+                const int xi = ((i * d.ci + c) * d.h + iy) * d.w + ix;
+                const int wi = ((o * d.ci + c) * d.k + ky) * d.k + kx;
+                g.dx[xi] += ry * wt[wi];
+                g.dw[wi] += ry * x[xi];
+              }
+        }
+  return g;
+}
+
+// Large enough for the threads to split each image into pixel tiles (forward) and channel tiles
+// (backward), in every dtype (16-bit: the shared dout copy and the per-tile conversions), and
+// with one thread (other tiles; OpenBLAS rounds a column differently with another tile width,
+// as its own threading does, so the runs agree within the tolerance, not bit for bit).
+TEST_F(OpsTest, ConvTilesMatchTheReferenceWithTwoThreadsAndOne) {
+  for (auto [stride, pad] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 0}}) {
+    const Conv d{3, 8, 20, 18, 6, 3, stride, pad};
+    SCOPED_TRACE("stride " + std::to_string(stride) + " pad " + std::to_string(pad));
+    const int oh = d.oh(), ow = d.ow();
+    auto x = rand_vec(d.n * d.ci * d.h * d.w, 21), wt = rand_vec(d.co * d.ci * 9, 22, 0.3f),
+         b = rand_vec(d.co, 23), r = rand_vec(d.n * d.co * oh * ow, 24);
+    for (DType t : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(dtype_name(t));
+      const auto xq = quantize(x, t), wq = quantize(wt, t), bq = quantize(b, t),
+                 rq = quantize(r, t);
+      const Vec bd = to_d(bq);
+      const ConvGrads want = ref_conv_grads(d, to_d(xq), to_d(wq), to_d(rq));
+      const double tol = t == DType::F32 ? 1e-5 : 1e-2;
+      for (int threads : {2, 1}) {
+        SCOPED_TRACE(std::to_string(threads) + " threads");
+        const int keep = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        Tensor tx = make({d.n, d.ci, d.h, d.w}, xq, t), tw = make({d.co, d.ci, 3, 3}, wq, t),
+               tb = make({d.co}, bq, t), out = garbage({d.n, d.co, oh, ow}, t);
+        ops().conv2d_forward(out, tx, tw, &tb, stride, pad);
+        Tensor dout = make({d.n, d.co, oh, ow}, rq, t), dx = garbage({d.n, d.ci, d.h, d.w}, t),
+               dw = garbage({d.co, d.ci, 3, 3}, t), db = garbage({d.co}, t);
+        ops().conv2d_backward(&dx, &dw, &db, dout, tx, tw, stride, pad, false);
+        omp_set_num_threads(keep);
+        expect_close(get(out), ref_conv(d, to_d(xq), to_d(wq), &bd), tol, tol, "forward");
+        expect_close(get(dx), want.dx, tol, tol, "dinp");
+        expect_close(get(dw), want.dw, tol, tol, "dweight");
+        expect_close(get(db), want.db, tol, tol, "dbias");
+      }
+    }
+  }
+}
+
+// Inputs narrower than the kernel's reach on one side: windows that see no input column at
+// all, where the first and last valid output columns must be computed with floor and ceiling.
+TEST_F(OpsTest, ConvTinyInputsWithPaddingAndStride) {
+  for (auto [h, w, stride] : {std::tuple{1, 1, 2}, std::tuple{2, 1, 2}, std::tuple{2, 3, 2},
+                              std::tuple{1, 2, 1}, std::tuple{3, 1, 3}}) {
+    const Conv d{2, 2, h, w, 3, 3, stride, 1};
+    SCOPED_TRACE(std::to_string(h) + "x" + std::to_string(w) + " stride " + std::to_string(stride));
+    auto x = rand_vec(d.n * d.ci * h * w, 31), wt = rand_vec(d.co * d.ci * 9, 32),
+         r = rand_vec(d.n * d.co * d.oh() * d.ow(), 33);
+    Tensor tx = make({d.n, d.ci, h, w}, x), tw = make({d.co, d.ci, 3, 3}, wt),
+           out = garbage({d.n, d.co, d.oh(), d.ow()});
+    ops().conv2d_forward(out, tx, tw, nullptr, stride, 1);
+    expect_close(get(out), ref_conv(d, to_d(x), to_d(wt), nullptr), 1e-6, 1e-6, "forward");
+    Tensor dout = make({d.n, d.co, d.oh(), d.ow()}, r), dx = garbage({d.n, d.ci, h, w}),
+           dw = garbage({d.co, d.ci, 3, 3});
+    ops().conv2d_backward(&dx, &dw, nullptr, dout, tx, tw, stride, 1, false);
+    const ConvGrads want = ref_conv_grads(d, to_d(x), to_d(wt), to_d(r));
+    expect_close(get(dx), want.dx, 1e-6, 1e-6, "dinp");
+    expect_close(get(dw), want.dw, 1e-6, 1e-6, "dweight");
+  }
+}
 
 TEST_F(OpsTest, ConvUsesWorkspaceScratchAndFreesIt) {
   Tensor tx = make({2, 3, 8, 8}, rand_vec(2 * 3 * 64, 5)),

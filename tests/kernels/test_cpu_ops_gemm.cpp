@@ -63,6 +63,21 @@ TEST_P(GemmTest, BlockedFallbackMatchesReference) {
                "blocked_sgemm");
 }
 
+// Above 2^18 multiply-adds sgemm splits C's rows (m >= n) or columns among the threads: both
+// ways, odd sizes (a short last block), alpha and beta, against the double reference.
+TEST_P(GemmTest, SplitAcrossThreadsMatchesReference) {
+  const auto [ta, tb] = GetParam();
+  for (auto [m, n] : {std::pair{203, 71}, std::pair{71, 203}}) {
+    const int k = 97;
+    auto a = rand_vec(m * k, 11), b = rand_vec(k * n, 12), c0 = rand_vec(m * n, 13);
+    std::vector<float> c = c0;
+    cpu::sgemm(ta, tb, m, n, k, 0.75f, a.data(), ta ? m : k, b.data(), tb ? k : n, 0.5f, c.data(),
+               n);
+    expect_close(c, ref_gemm(ta, tb, m, n, k, 0.75, to_d(a), to_d(b), 0.5, to_d(c0)), 1e-5, 1e-5,
+                 "split sgemm " + std::to_string(m) + "x" + std::to_string(n));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Trans, GemmTest, ::testing::Combine(::testing::Bool(), ::testing::Bool()));
 
 TEST_F(OpsTest, MatmulBatched) {
@@ -146,6 +161,60 @@ TEST_F(OpsTest, LinearForwardAndBackward) {
   Tensor dw_only = garbage({oc, c});
   ops().linear_backward(nullptr, &dw_only, nullptr, dout, tx, tw, false);
   expect_close(get(dw_only), gw, 1e-5, 1e-4, "dweight alone");
+}
+
+// Large enough for sgemm to split among the threads, each block of rows (more rows than
+// outputs) or of columns (fewer) starting as the bias on its own thread; in fp32 and bf16
+// (the bias read through a chunk buffer). dbias's column blocks over many rows, too.
+TEST_F(OpsTest, LinearSplitAcrossThreadsWithBias) {
+  for (auto [n, oc] : {std::pair{300, 70}, std::pair{70, 1300}}) {
+    const int c = 64;
+    SCOPED_TRACE(std::to_string(n) + " rows, " + std::to_string(oc) + " outputs");
+    for (DType t : {DType::F32, DType::BF16}) {
+      auto x = quantize(rand_vec(n * c, 16), t), w = quantize(rand_vec(oc * c, 17), t),
+           b = quantize(rand_vec(oc, 18), t), r = quantize(rand_vec(n * oc, 19), t);
+      Tensor tx = make({n, c}, x, t), tw = make({oc, c}, w, t), tb = make({oc}, b, t);
+      Tensor out = garbage({n, oc});
+      ops().linear_forward(out, tx, tw, &tb);
+      const Vec bd = to_d(b);
+      expect_close(get(out), ref_linear(to_d(x), to_d(w), &bd, n, c, oc), 1e-5, 1e-5, "forward");
+      Tensor db = garbage({oc});
+      ops().linear_backward(nullptr, nullptr, &db, make({n, oc}, r, t), tx, tw, false);
+      Vec want(oc, 0.0);
+      for (int i = 0; i < n; ++i)
+        for (int o = 0; o < oc; ++o) want[o] += r[i * oc + o];
+      expect_close(get(db), want, 1e-4, 1e-5, "dbias");
+    }
+  }
+}
+
+// A 16-bit output of a linear op is its fp32 result rounded once: each thread rounds the block of
+// rows or columns it computed, split or not (every GEMM direction split both ways below), and
+// the bits equal those of the same op on fp32 tensors holding the same values, then rounded.
+TEST_F(OpsTest, Linear16BitOutputsAreTheRoundedFp32Results) {
+  struct Dims {
+    int n, c, oc;
+  };
+  for (auto [n, c, oc] : {Dims{300, 64, 70}, Dims{70, 64, 1300}, Dims{40, 512, 300}}) {
+    SCOPED_TRACE(std::to_string(n) + "x" + std::to_string(c) + " -> " + std::to_string(oc));
+    for (DType t : {DType::BF16, DType::F16}) {
+      auto x = quantize(rand_vec(n * c, 21), t), w = quantize(rand_vec(oc * c, 22), t),
+           b = quantize(rand_vec(oc, 23), t), r = quantize(rand_vec(n * oc, 24), t),
+           old = quantize(rand_vec(oc * c, 25), t);
+      auto run = [&](DType d) {
+        Tensor tx = make({n, c}, x, d), tw = make({oc, c}, w, d), tb = make({oc}, b, d);
+        Tensor out = garbage({n, oc}, d), dx = garbage({n, c}, d), dw = garbage({oc, c}, d);
+        Tensor dw_acc = make({oc, c}, old, d), dout = make({n, oc}, r, d);
+        ops().linear_forward(out, tx, tw, &tb);
+        ops().linear_backward(&dx, &dw, nullptr, dout, tx, tw, false);
+        ops().linear_backward(nullptr, &dw_acc, nullptr, dout, tx, tw, true);
+        return std::vector{get(out), get(dx), get(dw), get(dw_acc)};
+      };
+      const auto low = run(t), full = run(DType::F32);
+      const char* what[] = {"out", "dinp", "dweight", "dweight accumulated"};
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(low[i], quantize(full[i], t)) << what[i];
+    }
+  }
 }
 
 TEST_F(OpsTest, LinearWithZeroInputWidth) {
