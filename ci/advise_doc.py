@@ -78,7 +78,11 @@ def main(argv: list[str]) -> int:
              f"cards, with a margin of {gib(any_doc['margin'])} for the CUDA context.", "",
              f"Peaks are the CUDA memory model's. Throughputs are {label}: read them relative to each "
              "other (the *throughput vs as given* column: what fitting costs), not as GPU samples per "
-             "second. `as is` means the start fits and nothing needs turning.", ""]
+             "second. Where such a model is calibrated on the CPU, a host<->device copy is priced at "
+             "the CPU's measured memcpy rate, far above what PCIe gives a GPU: offload rows look "
+             "cheaper here than they will be on a card, until advise is calibrated there (it does "
+             "so on its own with `--backend cuda` on a GPU machine). `as is` means the start fits "
+             "and nothing needs turning.", ""]
     for card in CARDS_GIB:
         lines += [f"## {card} GiB", "",
                   "| model | as given | advise turns | peak | throughput vs as given | why |",
