@@ -17,8 +17,8 @@
 // a GPU), the coefficients come from the CPU and a proxy model: the listed model of the same
 // family with the most FLOPs per step at micro-batch 8 within 10 GFLOP (gpt-mini, mlp-large,
 // cnn-small: a minute of calibration), over micro-batches of 1, 4, 16 and 64 (b0 = 16), so that
-// its FLOP-rate curve reaches the rows of a large model's micro-batches (flat beyond). The figures are then
-// predictions of a CPU-calibrated model and say so (CostModel::transferred).
+// its FLOP-rate curve reaches the rows of a large model's micro-batches (flat beyond). The figures
+// are then predictions of a CPU-calibrated model and say so (CostModel::transferred).
 //
 // The cache file (schema memtrade.calibration/1) holds, per (backend, device, commit, dirty),
 // the bandwidth and the median step time of every point id measured: a later advise on the
