@@ -16,6 +16,8 @@ from typing import Any
 RESULTS_SCHEMA = "memtrade.results/1"
 TRACE_SCHEMA = "memtrade.trace/1"
 ADVISE_SCHEMA = "memtrade.advise/1"
+ESTIMATE_SCHEMA = "memtrade.estimate/1"
+FIT_SCHEMA = "memtrade.fit/1"
 
 
 class InputError(Exception):
@@ -119,41 +121,31 @@ def merge_results(docs: list[dict]) -> dict:
             "_sources": docs}
 
 
-def load_trace(path: str | pathlib.Path) -> dict:
+def _load_doc(path: str | pathlib.Path, what: str, schema: str) -> dict:
     doc = _read_json(path)
-    _check(path, doc, "trace", TRACE_SCHEMA)
+    _check(path, doc, what, schema)
     doc["_path"] = str(path)
     return doc
 
 
-ESTIMATE_SCHEMA = "memtrade.estimate/1"
+def load_trace(path: str | pathlib.Path) -> dict:
+    """`memtrade run --trace FILE` output (memtrade.trace/1): one step's allocator events."""
+    return _load_doc(path, "trace", TRACE_SCHEMA)
 
 
 def load_estimates(path: str | pathlib.Path) -> dict:
     """`memtrade estimate --json` output (memtrade.estimate/1): predicted peaks, not measured."""
-    doc = _read_json(path)
-    _check(path, doc, "estimate", ESTIMATE_SCHEMA)
-    doc["_path"] = str(path)
-    return doc
-
-
-FIT_SCHEMA = "memtrade.fit/1"
+    return _load_doc(path, "estimate", ESTIMATE_SCHEMA)
 
 
 def load_fit(path: str | pathlib.Path) -> dict:
     """`memtrade fit --json FILE` output (memtrade.fit/1): the largest batch per knob setting."""
-    doc = _read_json(path)
-    _check(path, doc, "fit", FIT_SCHEMA)
-    doc["_path"] = str(path)
-    return doc
+    return _load_doc(path, "fit", FIT_SCHEMA)
 
 
 def load_advise(path: str | pathlib.Path) -> dict:
     """`memtrade advise --json` output (memtrade.advise/1): the frontier and the recommendation."""
-    doc = _read_json(path)
-    _check(path, doc, "advise", ADVISE_SCHEMA)
-    doc["_path"] = str(path)
-    return doc
+    return _load_doc(path, "advise", ADVISE_SCHEMA)
 
 
 def load_history(path: str | pathlib.Path) -> dict:
