@@ -21,12 +21,12 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# The atlas: GPT-2 sizes, and any Llama model this memtrade knows (they join when they land).
-ATLAS = ["gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m"]
 CARDS_GIB = (24, 40, 80)
-# The workload: the model's full context, 32 sequences per optimizer step, bf16 mixed precision
-# with an fp32 master copy, Adam; advise keeps all of that and turns the rest.
+# The workload: 32 sequences per optimizer step, bf16 autocast (torch.autocast over fp32 weights),
+# Adam; GPT-2 at its full context of 1024 tokens, Llama at 4096 (its own, 8k-128k, is longer than
+# most fine-tuning runs use); advise keeps all of that and turns the rest.
 START = ["--precision", "bf16", "--global-batch", "32"]
+LLAMA_SEQ = 4096
 # The CPU calibration: one thread, CPU time per step, which the other jobs of a shared build
 # machine do not inflate.
 CALIBRATION = ["--threads", "1", "--clock", "cpu"]
@@ -40,9 +40,15 @@ def run(binary: str, *args: str) -> tuple[int, str]:
 
 
 def models(binary: str) -> list[str]:
+    """The atlas's models that this memtrade knows."""
+    from reports import atlas as ATLAS  # noqa: E402
     table = json.loads(run(binary, "knobs", "--json")[1])
     known = next(k for k in table if k["name"] == "model")["choices"]
-    return [m for m in ATLAS if m in known] + sorted(m for m in known if "llama" in m.lower())
+    return [m for m in ATLAS.MODELS if m in known]
+
+
+def seq_args(model: str) -> list[str]:
+    return ["--seq-len", str(LLAMA_SEQ)] if model.startswith("llama") else []
 
 
 def gib(n: int) -> str:
@@ -61,8 +67,8 @@ def main(argv: list[str]) -> int:
     docs: dict[tuple[str, int], dict] = {}
     for m in models(binary):
         for card in CARDS_GIB:
-            _, text = run(binary, "advise", "--backend", "cuda", "--model", m, *START, "--capacity",
-                          f"{card}GiB", *CALIBRATION, "--json", "--quiet")
+            _, text = run(binary, "advise", "--backend", "cuda", "--model", m, *seq_args(m), *START,
+                          "--capacity", f"{card}GiB", *CALIBRATION, "--json", "--quiet")
             docs[(m, card)] = json.loads(text)
     any_doc = next(iter(docs.values()))
     label = ADV.throughput_label(any_doc)
@@ -73,8 +79,9 @@ def main(argv: list[str]) -> int:
              "lower precision. `memtrade advise` answers which of these to turn, and how far, for one "
              "model on one card, with the least throughput lost and the training unchanged (the same "
              "samples per optimizer step, precision and optimizer; `--allow precision,optimizer` opens "
-             "those). Below: its picks for the atlas models at their full context, "
-             f"{START[3]} sequences per step, `{START[1]}` mixed precision and Adam, on 24, 40 and 80 GiB "
+             "those). Below: its picks for the atlas models (GPT-2 at its full 1024-token context, Llama "
+             f"at {LLAMA_SEQ} tokens), {START[3]} sequences per step, `{START[1]}` autocast and Adam, on "
+             "24, 40 and 80 GiB "
              f"cards, with a margin of {gib(any_doc['margin'])} for the CUDA context.", "",
              f"Peaks are the CUDA memory model's. Throughputs are {label}: read them relative to each "
              "other (the *throughput vs as given* column: what fitting costs), not as GPU samples per "

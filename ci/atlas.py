@@ -26,8 +26,7 @@ from reports import atlas as R  # noqa: E402
 from reports import knobs, load  # noqa: E402
 
 # The plan (issue 15, item 4). Axis names are checked against memtrade's knob table.
-MODELS = ["gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m", "llama3.2-1b", "llama3.2-3b",
-          "llama3-8b"]
+MODELS = R.MODELS
 SEQ_LENS = [1024, 2048, 4096]
 CARDS = ["24GiB", "40GiB", "80GiB", "141GiB"]
 FIXED = {"precision": "bf16", "optimizer": "adamw", "batch_size": 1}

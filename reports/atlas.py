@@ -19,6 +19,9 @@ from . import analysis as A
 from .charts import CATEGORY_COLORS, EXTRA_COLORS, _figure, _save
 from .page import _md_table
 
+# The published sizes people train (the atlas's rows, and docs/advise.md's).
+MODELS = ["gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m", "llama3.2-1b", "llama3.2-3b",
+          "llama3-8b"]
 PREDICTED = "predicted by the CUDA memory model, not measured"
 FORMATS = ("png", "svg")
 GiB = A.GiB

@@ -229,6 +229,10 @@ AdviseResult advise(const AdviseOptions& o) {
   r.calibration = calibrate(space, o.calibration);
   r.calibration.model.transferred = r.calibration.model.model != o.start.model ||
                                     o.calibration.backend != backend_name(o.backend);
+  // Measured on another device (the CPU for a CUDA run): what carries over is the shape of the
+  // costs, not the CPU's cache effects. A GPU's GEMMs get no slower per FLOP as they grow, so a
+  // smaller micro-batch is never predicted faster there (the CPU's curve can fall past its cache).
+  if (o.calibration.backend != backend_name(o.backend)) r.calibration.model.rate_never_falls();
 
   t0 = std::chrono::steady_clock::now();
   const std::vector<AdvisePoint> all =

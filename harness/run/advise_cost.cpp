@@ -39,6 +39,11 @@ double CostModel::rate_at(double rows) const {
   return lo->second + w * (hi->second - lo->second);
 }
 
+void CostModel::rate_never_falls() {
+  for (std::size_t i = 1; i < rate.size(); ++i)
+    rate[i].second = std::max(rate[i].second, rate[i - 1].second);
+}
+
 double CostModel::predict(const CostInputs& in) const {
   double ratio = 1, per_byte = 0, per_param = step_per_param, per_reserved = 0;
   for (const Term& t : terms)

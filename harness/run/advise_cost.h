@@ -75,6 +75,9 @@ struct CostModel {
   bool transferred = false;  // measured on another device or model than the one predicted for
 
   double rate_at(double rows) const;
+  // Each rate becomes the highest at its rows or fewer: a larger micro-batch is never slower per
+  // FLOP (for a model measured on one device and used for another).
+  void rate_never_falls();
   double predict(const CostInputs& in) const;  // seconds per step
   // 1 − s_v·bandwidth for an offload term: how much of the copy time the engine hides.
   double overlap(const Term& t) const;

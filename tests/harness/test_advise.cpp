@@ -389,5 +389,18 @@ TEST(AdviseCli, BadInputIsOneLineAndExit2) {
   }
 }
 
+// A model measured on the CPU and used for CUDA keeps no falling stretch of the CPU's rate curve
+// (past its cache, a CPU's per-row time can grow with the micro-batch; a GPU's GEMMs' does not).
+TEST(AdviseCost, TransferredRateNeverFallsWithTheMicroBatch) {
+  CostModel m;
+  m.rate = {{1, 10e9}, {4, 30e9}, {16, 20e9}, {64, 25e9}};
+  EXPECT_LT(m.rate_at(16), m.rate_at(4));
+  m.rate_never_falls();
+  const std::vector<double> want = {10e9, 30e9, 30e9, 30e9};
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(m.rate[i].second, want[i]) << i;
+  EXPECT_EQ(m.rate_at(32), 30e9);
+  EXPECT_EQ(m.rate_at(2), 10e9 + (30e9 - 10e9) * 0.5);  // rising stretches stay as measured
+}
+
 }  // namespace
 }  // namespace memtrade
