@@ -211,8 +211,8 @@ std::vector<Knob> make_table() {
   t.back().cost = CostDriver::structure;
   t.push_back(enum_knob("precision", "--precision", "",
                         "fp32, tf32 (CUDA), fp16/bf16 as torch.autocast (fp32 weights, per-op "
-                        "dtypes: --autocast-policy), fp16-o2/bf16-o2 (16-bit weights and "
-                        "activations, fp32 master copy), fp16-pure/bf16-pure (no master)",
+                        "dtypes: --autocast-policy), fp16-o2/bf16-o2 (Apex O2: 16-bit weights "
+                        "and activations, fp32 master copy), fp16-pure/bf16-pure (no master)",
                         &TrainConfig::precision, precision_name, parse_precision, precision_names));
   t.back().advise = AdviseRole::allow;
 

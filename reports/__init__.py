@@ -10,6 +10,7 @@ index.md). build_report() below ties them together.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import sys
 from typing import Callable, Sequence
@@ -99,7 +100,11 @@ def build_report(results: Sequence[str], outdir: str | pathlib.Path, *, baseline
                                        "frontier"):
                 c.skipped = why
     sources = [d.get("_path", "?") for d in docs] + [a["_path"] for a in advs]
-    write_page(out, charts, meta, sources, title or f"memtrade report — {meta.get('grid') or 'results'}")
+    varying = [a for a in knobs.names()
+               if len({json.dumps(p.get("config", {}).get(a), sort_keys=True) for p in pts}) > 1]
+    legend = [(a, knobs.row(a)["help"]) for a in varying]
+    write_page(out, charts, meta, sources, title or f"memtrade report — {meta.get('grid') or 'results'}",
+               legend)
     return charts
 
 

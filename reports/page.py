@@ -76,9 +76,15 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+LEGEND_INTRO = ("Labels name the knobs turned from their defaults (e.g. `b8 bf16-o2 ck1 sgd`); "
+                "the axes that vary here, as memtrade's knob table describes them:")
+
+
 def write_page(outdir: pathlib.Path, charts: Sequence[Chart], meta: dict, sources: Sequence[str],
-               title: str = "memtrade report") -> list[str]:
-    """Write index.html and index.md; returns their names."""
+               title: str = "memtrade report",
+               legend: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """Write index.html and index.md; returns their names. `legend`: (axis, what it means) for the
+    knobs the labels name, from the knob table."""
     outdir.mkdir(parents=True, exist_ok=True)
     drawn = [(c, _existing(outdir, c.files)) for c in charts]
     drawn = [(c, f) for c, f in drawn if f]
@@ -89,6 +95,10 @@ def write_page(outdir: pathlib.Path, charts: Sequence[Chart], meta: dict, source
     h = ["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
          f"<title>{html.escape(title)}</title>", f"<style>{CSS}</style></head><body>",
          f"<h1>{html.escape(title)}</h1>", _html_table(["", ""], mrows).replace("<thead><tr><th></th><th></th></tr></thead>", "")]
+    if legend:
+        h.append(f"<p class=\"note\">{html.escape(LEGEND_INTRO)}</p><ul>")
+        h += [f"<li><b>{html.escape(a)}</b>: {html.escape(t)}</li>" for a, t in legend]
+        h.append("</ul>")
     if drawn:
         h.append("<p>Charts: " + ", ".join(f"<a href=\"#{c.key}\">{html.escape(c.title)}</a>" for c, _ in drawn) + "</p>")
     for c, files in drawn:
@@ -112,6 +122,8 @@ def write_page(outdir: pathlib.Path, charts: Sequence[Chart], meta: dict, source
 
     # --- Markdown
     m = [f"# {title}", "", _md_table(["run", ""], mrows), ""]
+    if legend:
+        m += [LEGEND_INTRO, ""] + [f"- **{a}**: {t}" for a, t in legend] + [""]
     for c, files in drawn:
         m += [f"## {c.title}", ""]
         png = [f for f in files if f.endswith(".png")]

@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 from reports import analysis as A  # noqa: E402
 from reports import charts as C  # noqa: E402
+from reports import knobs  # noqa: E402
 from reports import load  # noqa: E402
 from reports import build_report  # noqa: E402
 
@@ -265,6 +266,12 @@ def test_grid_draws_every_chart(reports):
         for f in c.files:
             check_image(d / f)
         assert c.rows, f"{c.key} has no table"
+    # The page says what the labels' knobs mean, for the axes that vary, from the knob table.
+    page = (d / "index.md").read_text()
+    points = json.loads((FIX / "grid.json").read_text())["points"]
+    varying = {a for a in knobs.names() if len({json.dumps(p["config"].get(a)) for p in points}) > 1}
+    assert varying and all(f"- **{a}**: {knobs.row(a)['help']}" in page for a in varying)
+    assert "- **model_config**" not in page
 
 
 def test_frontier_table_is_pareto(reports):
