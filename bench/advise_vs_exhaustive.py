@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""`memtrade advise` against an exhaustive grid, measured on the CPU (issue 16's must-show).
+"""`memtrade advise` against an exhaustive grid, measured on the CPU: is its pick as good as the
+best of running everything?
 
 For each workload and each capacity (75 %, 50 % and 30 % of the default point's peak):
   1. advise --json picks a configuration (its search space: the axes and values it reports);

@@ -1,4 +1,4 @@
-// The cost of `memtrade advise`'s search (issue 16: gpt2-124m at its 1024 positions on an H100,
+// The cost of `memtrade advise`'s search (the target: gpt2-124m at its 1024 positions on an H100,
 // CUDA memory model, predicted only: <= 5 s): building the space off the knob table, one
 // memory-model estimate per configuration (two micro-batches), the cost model's prediction and
 // the Pareto frontier. The calibration is not part of it (it is measured once per device and

@@ -1,7 +1,7 @@
 // The memory model's cost: one `memtrade estimate` (estimate_memory: model, Trainer and two
 // steps on the meta device) per model, and one `memtrade fit` search, in wall time and peak
 // resident memory. The meta device holds no data, so neither should grow with the parameter
-// count; issue 15's targets on a 2-core machine: gpt2-1558m <= 0.5 s, Llama-3-8B (seq 4096,
+// count. The targets on a 2-core machine: gpt2-1558m <= 0.5 s, Llama-3-8B (seq 4096,
 // bf16, Adam) <= 1 s, RSS <= 300 MB; fit of gpt2-124m on an H100 <= 5 s.
 //
 // Counters: max_rss_MiB is the process's resident high-water mark over the benchmark (reset

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from reports import atlas as R  # noqa: E402
 from reports import knobs, load  # noqa: E402
 
-# The plan (issue 15, item 4). Axis names are checked against memtrade's knob table.
+# The plan. Axis names are checked against memtrade's knob table.
 MODELS = R.MODELS
 SEQ_LENS = [1024, 2048, 4096]
 CARDS = ["24GiB", "40GiB", "80GiB", "141GiB"]
