@@ -418,6 +418,12 @@ nlohmann::json config_json(const TrainConfig& c) {
   return j;
 }
 
+nlohmann::json config_json(const TrainConfig& c, const Model& model) {
+  nlohmann::json j = config_json(c);
+  j["hyper"] = model.hyper();
+  return j;
+}
+
 TrainConfig config_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw KnobError("config: expected an object");
   TrainConfig c;

@@ -31,6 +31,8 @@
 
 namespace memtrade {
 
+class Model;
+
 // How a value is written in JSON and TOML.
 enum class KnobType : std::uint8_t {
   integer,  // a JSON/TOML integer ("batch_size": 8)
@@ -138,6 +140,9 @@ std::string point_id(const TrainConfig& c);
 // The one config serialiser: every axis by its JSON type (defaults filled in), plus "seed".
 // Results points, fit rows, traces, step-dump meta and `run --list --json` all use it.
 nlohmann::json config_json(const TrainConfig& c);
+// config_json plus "hyper", the model's hyper-parameters (num_params among them): a point's
+// config as results, estimates, `run --list --json` and advise write it.
+nlohmann::json config_json(const TrainConfig& c, const Model& model);
 // The inverse, resolved. Missing axes take their default (files written before an axis existed
 // load); keys that are not axes (hyper, lr, ...) are ignored. Throws KnobError.
 TrainConfig config_from_json(const nlohmann::json& j);

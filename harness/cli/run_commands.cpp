@@ -128,10 +128,9 @@ int cmd_run(CLI::App& cmd, RunFlags& f) {
     nlohmann::json points = nlohmann::json::array();
     for (const auto& p : g.points) {
       const auto model = make_model(p.config);
-      nlohmann::json config = config_json(p.config);
-      config["hyper"] = model->hyper();
-      points.push_back(
-          {{"id", p.id}, {"config", config}, {"resolved", resolved_json(p.config, *model)}});
+      points.push_back({{"id", p.id},
+                        {"config", config_json(p.config, *model)},
+                        {"resolved", resolved_json(p.config, *model)}});
     }
     fmt::print("{}\n", nlohmann::json{{"grid", g.name},
                                       {"backend", backend},
@@ -191,8 +190,7 @@ int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json) {
     MemoryEstimate e = estimate_memory(p.config, b, g.run.capacity);
     nlohmann::json row = estimate_json(e);
     row["id"] = p.id;
-    row["config"] = config_json(p.config);
-    row["config"]["hyper"] = make_model(p.config)->hyper();
+    row["config"] = config_json(p.config, *make_model(p.config));
     points.push_back(row);
     if (!json)
       fmt::print("{:>11} {:>11} {:<4} {}\n    {}\n", format_bytes(e.peak_allocated),

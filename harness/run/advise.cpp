@@ -170,10 +170,8 @@ std::string reason(const std::vector<std::string>& axes, const AdvisePoint& rec,
 }
 
 nlohmann::json point_json(const AdvisePoint& p) {
-  nlohmann::json config = config_json(p.config);
-  config["hyper"] = make_model(p.config)->hyper();
   return {{"id", p.id},
-          {"config", config},
+          {"config", config_json(p.config, *make_model(p.config))},
           {"predicted_peak", p.peak},
           {"predicted_reserved", p.reserved},
           {"fits", p.fits},
