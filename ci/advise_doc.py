@@ -65,7 +65,8 @@ def main(argv: list[str]) -> int:
     from reports import analysis as A  # noqa: E402
 
     docs: dict[tuple[str, int], dict] = {}
-    for m in models(binary):
+    names = models(binary)
+    for m in names:
         for card in CARDS_GIB:
             _, text = run(binary, "advise", "--backend", "cuda", "--model", m, *seq_args(m), *START,
                           "--capacity", f"{card}GiB", *CALIBRATION, "--json", "--quiet")
@@ -94,7 +95,7 @@ def main(argv: list[str]) -> int:
         lines += [f"## {card} GiB", "",
                   "| model | as given | advise turns | peak | throughput vs as given | why |",
                   "|---|---|---|---|---|---|"]
-        for m in models(binary):
+        for m in names:
             d = docs[(m, card)]
             start, rec = d["start"], d["recommended"]
             given = f"{gib(start['predicted_peak'])}" + ("" if start["fits"] else " (does not fit)")
@@ -112,7 +113,7 @@ def main(argv: list[str]) -> int:
     lines += ["## The frontiers on 24 GiB", "",
               "Every configuration advise searched, reduced to its memory/throughput Pareto frontier "
               "(predicted), with the card's capacity, the start as given and the recommended point.", ""]
-    for m in models(binary):
+    for m in names:
         chart = ADV.frontier(docs[(m, CARDS_GIB[0])], out, ["png"], key=f"advise-{m}")
         if chart.files:
             lines += [f"![{chart.title}]({chart.files[0]})", ""]
