@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include "kernels/cpu/cpu_gemm.h"
+#include "kernels/cpu/cpu_vec.h"
 #include "kernels/cuda_probe.h"
 #include "kernels/device.h"
 #include "memtrade_git.h"
@@ -29,6 +31,11 @@ std::vector<std::pair<std::string, std::string>> library_versions() {
 #else
   v.emplace_back("OpenBLAS", "not built (builtin blocked GEMM)");
 #endif
+  // Which GEMM and vector loops the CPU ops run: results from two machines compare only with this.
+  v.emplace_back("CPU kernels",
+                 fmt::format("GEMM {}, vector loops {}",
+                             cpu::gemm_path() == cpu::GemmPath::avx512 ? "memtrade avx512" : "BLAS",
+                             cpu::vec::isa_name(cpu::vec::isa())));
 #ifdef _OPENMP
   v.emplace_back("OpenMP", fmt::format("{}", _OPENMP));
 #endif

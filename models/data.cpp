@@ -132,10 +132,21 @@ void smooth_pattern(SplitMix& rng, int size, float* out) {
       const double fx = static_cast<double>(rng.below(3)), fy = static_cast<double>(rng.below(3));
       const double phase = two_pi * rng.uniform();
       const double amp = rng.normal();
+      // The sine's argument depends on (x, y) only through the integer n = fx·x + fy·y (exact in
+      // a double), so each of its at most 4·S values is computed once, by the very expression a
+      // pixel would use: the same bits, with a 1/8 to 1/32 of the sines (these were 4% of
+      // cnn-small's step).
+      const std::size_t n_max = 2 * (S - 1) * 2 + 1;
+      double wave[4 * 512];
+      const bool cached = n_max <= std::size(wave);
+      for (std::size_t n = 0; cached && n < n_max; ++n)
+        wave[n] = amp * std::sin(two_pi * static_cast<double>(n) / size + phase);
       for (std::size_t y = 0; y < S; ++y)
-        for (std::size_t x = 0; x < S; ++x)
-          p[y * S + x] +=
-              static_cast<float>(amp * std::sin(two_pi * (fx * x + fy * y) / size + phase));
+        for (std::size_t x = 0; x < S; ++x) {
+          const double n = fx * static_cast<double>(x) + fy * static_cast<double>(y);
+          p[y * S + x] += static_cast<float>(cached ? wave[static_cast<std::size_t>(n)]
+                                                    : amp * std::sin(two_pi * n / size + phase));
+        }
     }
   }
 }

@@ -21,6 +21,7 @@
 #include <omp.h>
 #endif
 
+#include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_ops_impl.h"
 #include "kernels/cpu/cpu_vec.h"
 
@@ -103,19 +104,24 @@ FlatRow flat_row(const ConvDims& d, std::int64_t ky, std::int64_t kx) {
 
 // Sets the wrapped columns (outside r.ox) of positions [a, b) of a flat row to 0.
 void zero_wrapped(const ConvDims& d, const FlatRow& r, std::int64_t a, std::int64_t b, float* row) {
-  // Column by column (|pad − kx| of them, usually one), strided by a row.
+  // Column by column (|pad − kx| of them, usually one), strided by a row. One division per call
+  // (a's column), not three per column: im2col calls this for every row of every 32-column tile.
+  if (r.ox.lo == 0 && r.ox.hi == d.ow) return;
+  const std::int64_t col_a = a % d.ow;  // a >= 0
   auto column = [&](std::int64_t c) {
-    const std::int64_t first = a + ((c - a % d.ow) % d.ow + d.ow) % d.ow;  // >= a, column c
+    const std::int64_t step = c - col_a;
+    const std::int64_t first = a + (step < 0 ? step + d.ow : step);  // >= a, column c
     for (std::int64_t p = first; p < b; p += d.ow) row[p] = 0.0f;
   };
   for (std::int64_t c = 0; c < r.ox.lo; ++c) column(c);
   for (std::int64_t c = r.ox.hi; c < d.ow; ++c) column(c);
 }
 
-// Rows [k0, k1) and columns [p0, p1) of col (K, P) for image `img`:
+// Rows [k0, k1) and columns [p0, p1) of col (K, P) for image `img`, row k at col + k·ld:
 // col[(ci, ky, kx), (oy, ox)] = inp[img, ci, oy·s − pad + ky, ox·s − pad + kx], 0 outside.
+[[gnu::optimize("no-tree-loop-distribute-patterns")]]  // keep the short loops loops
 void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, std::int64_t k0,
-            std::int64_t k1, std::int64_t p0, std::int64_t p1, float* col) {
+            std::int64_t k1, std::int64_t p0, std::int64_t p1, float* col, std::int64_t ld) {
   const bool f32 = inp.dtype() == DType::F32;
   const bool flat = f32 && flat_rows(d);
   const std::int64_t base = img * d.ci * d.h * d.w;
@@ -128,17 +134,19 @@ void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, std::int64_t
   // Row k is (ci, ky, kx), kx fastest: stepped along instead of divided out per row.
   std::int64_t ci = k0 / (d.kh * d.kw), ky = (k0 / d.kw) % d.kh, kx = k0 % d.kw;
   for (std::int64_t k = k0; k < k1; ++k) {
-    float* row = col + k * d.p();
-    const OxRange ox = valid_ox(d, kx);
+    float* row = col + k * ld;
     if (flat) {
       const FlatRow r = taps_cached ? taps[ky * d.kw + kx] : flat_row(d, ky, kx);
-      const float* plane = inp.as<float>() + base + ci * d.h * d.w;
+      const float* src = inp.as<float>() + base + ci * d.h * d.w + r.shift;
       const std::int64_t a = std::clamp(r.src0, p0, p1), b = std::clamp(r.src1, a, p1);
-      std::fill(row + p0, row + a, 0.0f);
-      std::copy(plane + (a + r.shift), plane + (b + r.shift), row + a);
-      std::fill(row + b, row + p1, 0.0f);
+      // Plain loops (inlined, vectorised): with 32-column tiles a row is 32 floats, where
+      // library memset/memcpy calls cost more than the copy.
+      for (std::int64_t p = p0; p < a; ++p) row[p] = 0.0f;
+      for (std::int64_t p = a; p < b; ++p) row[p] = src[p];
+      for (std::int64_t p = b; p < p1; ++p) row[p] = 0.0f;
       zero_wrapped(d, r, a, b, row);
     }
+    const OxRange ox = flat ? OxRange{} : valid_ox(d, kx);
     for (std::int64_t oy = p0 / d.ow; !flat && oy * d.ow < p1; ++oy) {
       const std::int64_t a = std::max(p0 - oy * d.ow, std::int64_t{0});  // this row's [a, b)
       const std::int64_t b = std::min(p1 - oy * d.ow, d.ow);
@@ -155,8 +163,7 @@ void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, std::int64_t
       if (f32 && d.stride == 1) {
         std::copy_n(inp.as<float>() + (src + lo), hi - lo, out + lo);
       } else if (f32) {
-        const float* x = inp.as<float>();
-        for (std::int64_t i = lo; i < hi; ++i) out[i] = x[src + i * d.stride];
+        vec::gather_strided(inp.as<float>() + src + lo * d.stride, d.stride, out + lo, hi - lo);
       } else {
         for (std::int64_t i = lo; i < hi; ++i)
           out[i] = load_as_float(inp.data(), inp.dtype(), src + i * d.stride);
@@ -184,7 +191,7 @@ void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, f
         if (flat_rows(d)) {  // the wrapped columns (this op's own scratch) become 0 first
           const FlatRow r = flat_row(d, ky, kx);
           zero_wrapped(d, r, r.src0, r.src1, row);
-          for (std::int64_t p = r.src0; p < r.src1; ++p) plane[p + r.shift] += row[p];
+          vec::accumulate(row + r.src0, plane + r.src0 + r.shift, r.src1 - r.src0);
           continue;
         }
         const OxRange ox = valid_ox(d, kx);
@@ -194,9 +201,7 @@ void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, f
           const std::int64_t dst = iy * d.w - d.pad + kx;  // + ox·s: in bounds
           const float* src = row + oy * d.ow;
           if (d.stride == 1) {
-            float* y = plane + dst + ox.lo;
-            const float* x = src + ox.lo;
-            for (std::int64_t i = 0; i < ox.hi - ox.lo; ++i) y[i] += x[i];
+            vec::accumulate(src + ox.lo, plane + dst + ox.lo, ox.hi - ox.lo);
           } else {
             for (std::int64_t i = ox.lo; i < ox.hi; ++i) plane[dst + i * d.stride] += src[i];
           }
@@ -227,8 +232,15 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
   auto out_buf = scratch_if(out.dtype() != DType::F32, alloc, {d.co, d.p()});
   Tensor col(alloc, {d.k(), d.p()}, DType::F32, Category::workspace);
   if (d.n == 0 || d.p() == 0) return;
-  // Pixel tiles of at least 32 columns (narrower ones would starve the GEMM).
-  const std::int64_t tile = tile_size(d.p(), max_threads(), 32);
+  // The AVX-512 GEMM (kernels/cpu/cpu_gemm.h) takes the weight packed once for every image and
+  // tile, and tiles of exactly its 32-column panel: each tile's columns of col are then stored
+  // as their own (K, 32) matrix (in the tile's K·32 floats of the buffer), which is the packed
+  // form the GEMM reads in place, so im2col's output is never copied again. (cblas_sgemm packs
+  // both operands per call: 3.5% of cnn-small's step was packing the weight, 1.4% col.)
+  // With OpenBLAS, pixel tiles of at least 32 columns (narrower ones would starve the GEMM).
+  std::optional<PackedA> packed;
+  if (gemm_path() == GemmPath::avx512) packed.emplace(false, d.co, d.k(), w.data(), d.k());
+  const std::int64_t tile = packed ? 32 : tile_size(d.p(), max_threads(), 32);
   const std::int64_t tiles = (d.p() + tile - 1) / tile;
   const bool parallel = sgemm_nests() && d.n * d.co * d.p() * d.k() >= kParallelGrain;
 #pragma omp parallel if (parallel)
@@ -239,12 +251,18 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
       float* y = out_buf ? out_buf->as<float>() : out.as<float>() + off;
       for (std::int64_t j = id; j < tiles; j += team) {
         const std::int64_t p0 = j * tile, np = std::min(tile, d.p() - p0);
-        im2col(inp, img, d, 0, d.k(), p0, p0 + np, col.as<float>());
         if (bias)
           for (std::int64_t o = 0; o < d.co; ++o)
             std::fill_n(y + o * d.p() + p0, np, load_as_float(bias->data(), bias->dtype(), o));
-        sgemm(false, false, d.co, np, d.k(), 1.0f, w.data(), d.k(), col.as<float>() + p0, d.p(),
-              bias ? 1.0f : 0.0f, y + p0, d.p());
+        if (packed) {
+          float* own = col.as<float>() + p0 * d.k();  // this tile's (K, np) matrix
+          im2col(inp, img, d, 0, d.k(), p0, p0 + np, own - p0, np);
+          sgemm_avx512(*packed, false, np, 1.0f, own, np, bias ? 1.0f : 0.0f, y + p0, d.p());
+        } else {
+          im2col(inp, img, d, 0, d.k(), p0, p0 + np, col.as<float>(), d.p());
+          sgemm(false, false, d.co, np, d.k(), 1.0f, w.data(), d.k(), col.as<float>() + p0, d.p(),
+                bias ? 1.0f : 0.0f, y + p0, d.p());
+        }
         if (out_buf)
           for (std::int64_t o = 0; o < d.co; ++o)
             write_f32(out, off + o * d.p() + p0, np, y + o * d.p() + p0);
@@ -282,8 +300,10 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
   Tensor col(alloc, {d.k(), d.p()}, DType::F32, Category::workspace);
   // An empty batch still assigns a gradient of zeros (the per-image GEMMs below never run).
   if (dw && d.n == 0 && !accumulate) std::fill_n(dw->data(), weight.numel(), 0.0f);
-  const std::int64_t kk = d.kh * d.kw;                          // col rows per input channel
-  const std::int64_t tile = tile_size(d.ci, max_threads(), 1);  // channels per tile
+  const std::int64_t kk = d.kh * d.kw;  // col rows per input channel
+  // Channels per tile: one tile per thread, since each tile's GEMMs pack this image's dout again
+  // (two tiles per thread cost cnn-small 3% more time than one; channel counts divide evenly).
+  const std::int64_t tile = std::max<std::int64_t>(1, (d.ci + max_threads() - 1) / max_threads());
   const std::int64_t tiles = (d.ci + tile - 1) / tile;
   const bool parallel = sgemm_nests() && d.n * d.co * d.p() * d.k() >= kParallelGrain;
 #pragma omp parallel if (parallel)
@@ -304,7 +324,7 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
         const std::int64_t k0 = c0 * kk, nk = (c1 - c0) * kk;
         float* rows = col.as<float>() + k0 * d.p();
         if (dw) {  // dweight[:, k0:k1] (+)= dout_n (Co, P) · col[k0:k1]ᵀ (P, nk)
-          im2col(inp, img, d, k0, k0 + nk, 0, d.p(), col.as<float>());
+          im2col(inp, img, d, k0, k0 + nk, 0, d.p(), col.as<float>(), d.p());
           const float beta = (img == 0 && !accumulate) ? 0.0f : 1.0f;
           sgemm(false, true, d.co, nk, d.p(), 1.0f, g, d.p(), rows, d.p(), beta, dw->data() + k0,
                 d.k());

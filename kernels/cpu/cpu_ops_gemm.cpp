@@ -1,6 +1,7 @@
 // GEMM-based ops: matmul, linear forward/backward, and the sgemm they share.
 //
-// fp32 operands go straight to cblas_sgemm; 16-bit operands are converted to fp32 scratch
+// fp32 operands go straight to the GEMM (OpenBLAS's, or memtrade's own AVX-512F one where the CPU
+// has it: kernels/cpu/cpu_gemm.h); 16-bit operands are converted to fp32 scratch
 // tensors (category workspace, from the output's allocator) first, since OpenBLAS has no
 // half-precision GEMM and arithmetic is fp32 anyway.
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <omp.h>
 #endif
 
+#include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_ops_impl.h"
 
 namespace memtrade::cpu {
@@ -80,9 +82,14 @@ int split_parts(std::int64_t m, std::int64_t n, std::int64_t k) {
 #endif
 }
 
+// One single-threaded GEMM on the path in use (kernels/cpu/cpu_gemm.h).
 void cblas(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
            const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
            std::int64_t ldc) {
+  if (gemm_path() == GemmPath::avx512) {
+    sgemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,

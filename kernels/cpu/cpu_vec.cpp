@@ -108,6 +108,12 @@ float max(const float* x, std::int64_t n) {
 void scale(const float* x, float s, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(scale(x, s, y, n));
 }
+void gather_strided(const float* x, std::int64_t stride, float* y, std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(gather_strided(x, stride, y, n));
+}
+void accumulate(const float* x, float* y, std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(accumulate(x, y, n));
+}
 void gelu_forward(const float* x, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(gelu_forward(x, y, n));
 }

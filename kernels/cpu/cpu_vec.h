@@ -45,6 +45,11 @@ double exp_sum(const float* x, float shift, float* y, std::int64_t n);
 float max(const float* x, std::int64_t n);
 // y[i] = x[i] · s. y may alias x.
 void scale(const float* x, float s, float* y, std::int64_t n);
+// y[i] = x[i·stride]: a row of im2col for a strided convolution (stride 2 by permutes). x and y
+// do not overlap.
+void gather_strided(const float* x, std::int64_t stride, float* y, std::int64_t n);
+// y[i] += x[i]: col2im's fold. x and y do not overlap.
+void accumulate(const float* x, float* y, std::int64_t n);
 
 // GELU, tanh approximation (kernels/ops.h), tanh(u) = sign(u)·(1 − e^{−2|u|}) / (1 + e^{−2|u|}):
 // y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). y may alias x.

@@ -101,6 +101,22 @@ TEST_F(VecTest, EveryPathGivesTheSameBits) {
           return dg;
         },
         "swiglu backward" + at);
+    for (std::int64_t stride : {1, 2, 3}) {  // im2col's strided rows: a copy, so x's own bits
+      const auto wide = inputs(n * 3, 15, 5.0f);
+      std::vector<float> y(n), want(n);
+      for (std::size_t i = 0; i < n; ++i) want[i] = wide[i * static_cast<std::size_t>(stride)];
+      for (vec::Isa p : paths()) {
+        vec::set_isa(p);
+        vec::gather_strided(wide.data(), stride, y.data(), static_cast<std::int64_t>(n));
+        EXPECT_EQ(bits(y), bits(want))
+            << "gather stride " << stride << at << " on " << vec::isa_name(p);
+      }
+    }
+    expect_same_bits_on_every_path(paths(), unary([&](std::vector<float>& y) {
+                                     y = w;
+                                     vec::accumulate(x.data(), y.data(), n);
+                                   }),
+                                   "accumulate" + at);
     // Scalar results as floats: each double's bits in four 16-bit pieces, exact as floats.
     auto scalars = [](std::initializer_list<double> d) {
       std::vector<float> out;

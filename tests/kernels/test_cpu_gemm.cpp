@@ -1,0 +1,207 @@
+// The CPU GEMM paths (kernels/cpu/cpu_gemm.h): every path this machine has against a
+// double-precision reference, on shapes that cross every blocking loop (k past a packed block,
+// n past a B block, m past an A block, ragged register blocks) in all four transpose cases; the
+// beta = 0 rule; and the AVX-512F path's rounding contract, that the bits of an element of C do
+// not depend on which rows or columns of C a call computes (so splitting among threads cannot
+// change results).
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/cpu_gemm.h"
+#include "kernels/cpu/cpu_ops_impl.h"
+#include "tests/kernels/test_cpu_ops_common.h"
+
+namespace memtrade::test {
+namespace {
+
+using cpu::GemmPath;
+
+struct Shape {
+  std::int64_t m, n, k;
+  bool ta, tb;
+  float alpha, beta;
+};
+
+// A GEMM on its own operands, with padded leading dimensions (lda etc. > the row length).
+struct Problem {
+  Shape s;
+  std::int64_t lda, ldb, ldc;
+  std::vector<float> a, b, c0;
+  explicit Problem(const Shape& sh, std::uint32_t seed) : s(sh) {
+    lda = (s.ta ? s.m : s.k) + 3;
+    ldb = (s.tb ? s.k : s.n) + 5;
+    ldc = s.n + 7;
+    a = rand_vec(static_cast<std::size_t>((s.ta ? s.k : s.m) * lda), seed, 1.0f);
+    b = rand_vec(static_cast<std::size_t>((s.tb ? s.n : s.k) * ldb), seed + 1, 1.0f);
+    c0 = rand_vec(static_cast<std::size_t>(s.m * ldc), seed + 2, 1.0f);
+  }
+  float at(std::int64_t i, std::int64_t p) const { return s.ta ? a[p * lda + i] : a[i * lda + p]; }
+  float bt(std::int64_t p, std::int64_t j) const { return s.tb ? b[j * ldb + p] : b[p * ldb + j]; }
+  // C on `path`, from c0 (NaN everywhere when beta = 0, which must not be read).
+  std::vector<float> run(GemmPath path) const {
+    std::vector<float> c = c0;
+    if (s.beta == 0.0f)
+      for (std::int64_t i = 0; i < s.m; ++i)
+        for (std::int64_t j = 0; j < s.n; ++j) c[i * ldc + j] = std::nanf("");
+    cpu::set_gemm_path(path);
+    cpu::sgemm(s.ta, s.tb, s.m, s.n, s.k, s.alpha, a.data(), lda, b.data(), ldb, s.beta, c.data(),
+               ldc);
+    return c;
+  }
+};
+
+// Restores the path in use when a test ends.
+class CpuGemm : public ::testing::Test {
+ protected:
+  void SetUp() override { initial_ = cpu::gemm_path(); }
+  void TearDown() override { cpu::set_gemm_path(initial_); }
+  GemmPath initial_ = GemmPath::blas;
+  static std::vector<GemmPath> paths() {
+    std::vector<GemmPath> p{GemmPath::blas};
+    if (cpu::gemm_avx512_available()) p.push_back(GemmPath::avx512);
+    return p;
+  }
+};
+
+// m, n, k around the blocks (8 x 32 registers, k 256, A 128 rows, B 1024 columns).
+const Shape kShapes[] = {
+    {1, 1, 1, false, false, 1.0f, 0.0f},      {7, 33, 5, false, true, 1.0f, 1.0f},
+    {8, 32, 256, true, false, 0.5f, 0.0f},    {9, 31, 257, true, true, 1.0f, -0.75f},
+    {129, 65, 600, false, false, 1.0f, 1.0f}, {17, 1100, 40, false, false, 2.0f, 0.0f},
+    {3, 1030, 300, true, true, 1.0f, 1.0f},   {150, 40, 513, false, true, -1.0f, 0.25f},
+    {32, 288, 100, false, true, 1.0f, 0.0f},  {288, 100, 32, true, false, 1.0f, 0.0f},
+};
+
+TEST_F(CpuGemm, EveryPathMatchesDoublePrecisionOnEveryBlockingLoop) {
+  const float eps = std::numeric_limits<float>::epsilon();
+  std::uint32_t seed = 11;
+  for (const Shape& s : kShapes) {
+    const Problem pr(s, seed += 3);
+    for (GemmPath path : paths()) {
+      const std::vector<float> c = pr.run(path);
+      for (std::int64_t i = 0; i < s.m; ++i) {
+        for (std::int64_t j = 0; j < pr.ldc; ++j) {
+          const float got = c[i * pr.ldc + j];
+          if (j >= s.n) {  // the padding between rows is never written
+            ASSERT_EQ(got, pr.c0[i * pr.ldc + j]) << "padding written at " << i << "," << j;
+            continue;
+          }
+          double ref = 0.0, mag = 0.0;
+          for (std::int64_t p = 0; p < s.k; ++p) {
+            ref += static_cast<double>(pr.at(i, p)) * pr.bt(p, j);
+            mag += std::fabs(static_cast<double>(pr.at(i, p)) * pr.bt(p, j));
+          }
+          const double old = s.beta == 0.0f ? 0.0 : pr.c0[i * pr.ldc + j];
+          ref = s.alpha * ref + s.beta * old;
+          // A k-term float sum is within k·eps·Σ|terms| of the exact one; plus the two scalings.
+          const double tol = (static_cast<double>(s.k) + 3) * eps *
+                             (std::fabs(s.alpha) * mag + std::fabs(s.beta * old));
+          ASSERT_NEAR(got, ref, tol + 1e-30)
+              << cpu::gemm_path_name(path) << " m" << s.m << " n" << s.n << " k" << s.k << " ta"
+              << s.ta << " tb" << s.tb << " at " << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CpuGemm, Avx512BitsDoNotDependOnWhichRowsOrColumnsACallComputes) {
+  if (!cpu::gemm_avx512_available()) GTEST_SKIP() << "this CPU has no AVX-512F";
+  for (const Shape& s : {Shape{129, 1100, 600, false, true, 1.0f, 0.0f},
+                         Shape{150, 70, 513, true, false, 0.5f, 1.0f}}) {
+    const Problem pr(s, 101);
+    const std::vector<float> whole = pr.run(GemmPath::avx512);
+    // Row blocks and column blocks of odd sizes, each its own call on offset operands.
+    for (std::int64_t block : {std::int64_t{13}, std::int64_t{40}}) {
+      std::vector<float> rows = pr.c0, cols = pr.c0;
+      for (std::int64_t i0 = 0; i0 < s.m; i0 += block) {
+        const std::int64_t len = std::min(block, s.m - i0);
+        cpu::sgemm_avx512(s.ta, s.tb, len, s.n, s.k, s.alpha,
+                          s.ta ? pr.a.data() + i0 : pr.a.data() + i0 * pr.lda, pr.lda, pr.b.data(),
+                          pr.ldb, s.beta, rows.data() + i0 * pr.ldc, pr.ldc);
+      }
+      for (std::int64_t j0 = 0; j0 < s.n; j0 += block) {
+        const std::int64_t len = std::min(block, s.n - j0);
+        cpu::sgemm_avx512(s.ta, s.tb, s.m, len, s.k, s.alpha, pr.a.data(), pr.lda,
+                          s.tb ? pr.b.data() + j0 * pr.ldb : pr.b.data() + j0, pr.ldb, s.beta,
+                          cols.data() + j0, pr.ldc);
+      }
+      for (std::int64_t i = 0; i < s.m; ++i)
+        for (std::int64_t j = 0; j < s.n; ++j) {
+          const std::int64_t at = i * pr.ldc + j;
+          ASSERT_EQ(rows[at], whole[at]) << "row blocks of " << block << " at " << i << "," << j;
+          ASSERT_EQ(cols[at], whole[at]) << "column blocks of " << block << " at " << i << "," << j;
+        }
+    }
+  }
+}
+
+TEST_F(CpuGemm, PackedAAndBAlreadyInPanelFormGiveTheSameBits) {
+  if (!cpu::gemm_avx512_available()) GTEST_SKIP() << "this CPU has no AVX-512F";
+  for (bool ta : {false, true}) {
+    const std::int64_t m = 70, k = 600, n = 32;
+    const std::int64_t lda = (ta ? m : k) + 1;
+    const std::vector<float> a = rand_vec(static_cast<std::size_t>((ta ? k : m) * lda), 5, 1.0f);
+    // B (k, 32) twice: rows 32 floats apart and 64-byte aligned (read in place as its own packed
+    // panel), and rows 33 apart (packed as usual).
+    std::vector<float> storage(static_cast<std::size_t>(k * n + 16));
+    float* in_place = storage.data();
+    while (reinterpret_cast<std::uintptr_t>(in_place) % 64 != 0) ++in_place;
+    std::vector<float> strided(static_cast<std::size_t>(k * (n + 1)));
+    const std::vector<float> bv = rand_vec(static_cast<std::size_t>(k * n), 6, 1.0f);
+    for (std::int64_t p = 0; p < k; ++p)
+      for (std::int64_t j = 0; j < n; ++j)
+        in_place[p * n + j] = strided[p * (n + 1) + j] = bv[p * n + j];
+    const std::vector<float> c0 = rand_vec(static_cast<std::size_t>(m * n), 7, 1.0f);
+    for (float beta : {0.0f, 1.0f}) {
+      std::vector<float> want = c0, packed = c0, panel = c0;
+      cpu::sgemm_avx512(ta, false, m, n, k, 1.0f, a.data(), lda, strided.data(), n + 1, beta,
+                        want.data(), n);
+      const cpu::PackedA pa(ta, m, k, a.data(), lda);
+      cpu::sgemm_avx512(pa, false, n, 1.0f, strided.data(), n + 1, beta, packed.data(), n);
+      cpu::sgemm_avx512(pa, false, n, 1.0f, in_place, n, beta, panel.data(), n);
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(packed[i], want[i]) << "packed A, ta " << ta << " beta " << beta << " at " << i;
+        ASSERT_EQ(panel[i], want[i]) << "B in place, ta " << ta << " beta " << beta << " at " << i;
+      }
+    }
+  }
+}
+
+TEST_F(CpuGemm, ZeroKScalesByBetaAndBetaZeroNeverReadsC) {
+  for (GemmPath path : paths()) {
+    const Problem pr(Shape{5, 9, 0, false, false, 1.0f, 0.0f}, 7);
+    std::vector<float> c = pr.run(path);  // beta = 0 over NaN: zeros
+    for (std::int64_t i = 0; i < 5; ++i)
+      for (std::int64_t j = 0; j < 9; ++j) EXPECT_EQ(c[i * pr.ldc + j], 0.0f);
+    Problem half(Shape{5, 9, 0, false, false, 1.0f, 0.5f}, 7);
+    c = half.run(path);
+    for (std::int64_t i = 0; i < 5; ++i)
+      for (std::int64_t j = 0; j < 9; ++j)
+        EXPECT_EQ(c[i * half.ldc + j], 0.5f * half.c0[i * half.ldc + j]);
+  }
+}
+
+TEST_F(CpuGemm, Avx512IsTheDefaultWhereTheCpuHasItAndRefusedWhereNot) {
+  if (!cpu::gemm_avx512_available()) {
+    EXPECT_EQ(cpu::gemm_path(), GemmPath::blas);
+    EXPECT_THROW(cpu::set_gemm_path(GemmPath::avx512), std::invalid_argument);
+    return;
+  }
+  if (std::getenv("MEMTRADE_GEMM") == nullptr) {  // MEMTRADE_GEMM=blas chooses OpenBLAS
+    EXPECT_EQ(cpu::gemm_path(), GemmPath::avx512);
+  }
+  cpu::set_gemm_path(GemmPath::blas);
+  EXPECT_EQ(cpu::gemm_path(), GemmPath::blas);
+  cpu::set_gemm_path(GemmPath::avx512);
+  EXPECT_EQ(cpu::gemm_path(), GemmPath::avx512);
+}
+
+}  // namespace
+}  // namespace memtrade::test
