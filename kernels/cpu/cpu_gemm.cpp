@@ -271,14 +271,17 @@ PackedA::PackedA(bool trans_a, std::int64_t m, std::int64_t k, const float* a, s
     pack_a(trans_a, a, lda, 0, m, pc, std::min(kKc, k - pc), data_.get() + pc * rows_);
 }
 
-void sgemm_avx512(const PackedA& a, bool trans_b, std::int64_t n, float alpha, const float* b,
-                  std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+void sgemm_avx512(const PackedA& a, std::int64_t i0, std::int64_t m, bool trans_b, std::int64_t n,
+                  float alpha, const float* b, std::int64_t ldb, float beta, float* c,
+                  std::int64_t ldc) {
+  if (i0 % kMr != 0 || i0 < 0 || m < 0 || i0 + m > a.m_)
+    throw std::invalid_argument("cpu gemm: packed rows must start on an 8-row panel, in range");
   const float* packed = a.data_.get();
   const std::int64_t rows = a.rows_;
-  auto block = [packed, rows](std::int64_t ic, std::int64_t, std::int64_t pc, std::int64_t kc) {
-    return packed + pc * rows + ic * kc;  // panel ic / 8 of block pc
+  auto block = [packed, rows, i0](std::int64_t ic, std::int64_t, std::int64_t pc, std::int64_t kc) {
+    return packed + pc * rows + (i0 + ic) * kc;  // panel (i0 + ic) / 8 of block pc
   };
-  gemm_loops(block, trans_b, a.m_, n, a.k_, alpha, b, ldb, beta, c, ldc);
+  gemm_loops(block, trans_b, m, n, a.k_, alpha, b, ldb, beta, c, ldc);
 }
 #pragma GCC pop_options
 #else
@@ -289,8 +292,8 @@ void sgemm_avx512(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, c
 PackedA::PackedA(bool, std::int64_t, std::int64_t, const float*, std::int64_t) {
   throw std::logic_error("cpu gemm: the AVX-512F GEMM is not built for this architecture");
 }
-void sgemm_avx512(const PackedA&, bool, std::int64_t, float, const float*, std::int64_t, float,
-                  float*, std::int64_t) {
+void sgemm_avx512(const PackedA&, std::int64_t, std::int64_t, bool, std::int64_t, float,
+                  const float*, std::int64_t, float, float*, std::int64_t) {
   throw std::logic_error("cpu gemm: the AVX-512F GEMM is not built for this architecture");
 }
 #endif

@@ -58,15 +58,17 @@ class PackedA {
   std::int64_t k() const { return k_; }
 
  private:
-  friend void sgemm_avx512(const PackedA&, bool, std::int64_t, float, const float*, std::int64_t,
-                           float, float*, std::int64_t);
+  friend void sgemm_avx512(const PackedA&, std::int64_t, std::int64_t, bool, std::int64_t, float,
+                           const float*, std::int64_t, float, float*, std::int64_t);
   AlignedFloats data_;
   std::int64_t m_ = 0, k_ = 0, rows_ = 0;
 };
 
-// C (m, n) = alpha·op(A)·op(B) + beta·C with a packed A: the same bits as sgemm_avx512 on the A
-// it was packed from.
-void sgemm_avx512(const PackedA& a, bool trans_b, std::int64_t n, float alpha, const float* b,
-                  std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+// C (m, n) = alpha·op(A)[i0 : i0 + m]·op(B) + beta·C with rows [i0, i0 + m) of a packed A (i0 a
+// multiple of 8, else std::invalid_argument): the same bits as sgemm_avx512 on those rows of the
+// A it was packed from.
+void sgemm_avx512(const PackedA& a, std::int64_t i0, std::int64_t m, bool trans_b, std::int64_t n,
+                  float alpha, const float* b, std::int64_t ldb, float beta, float* c,
+                  std::int64_t ldc);
 
 }  // namespace memtrade::cpu

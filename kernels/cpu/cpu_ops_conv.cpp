@@ -14,8 +14,14 @@
 // columns it is given, so the tiling does not change results. (The pthreads OpenBLAS, whose pool
 // fights OpenMP's, runs the tiles in turn: sgemm_nests().)
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <optional>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -119,7 +125,6 @@ void zero_wrapped(const ConvDims& d, const FlatRow& r, std::int64_t a, std::int6
 
 // Rows [k0, k1) and columns [p0, p1) of col (K, P) for image `img`, row k at col + k·ld:
 // col[(ci, ky, kx), (oy, ox)] = inp[img, ci, oy·s − pad + ky, ox·s − pad + kx], 0 outside.
-[[gnu::optimize("no-tree-loop-distribute-patterns")]]  // keep the short loops loops
 void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, std::int64_t k0,
             std::int64_t k1, std::int64_t p0, std::int64_t p1, float* col, std::int64_t ld) {
   const bool f32 = inp.dtype() == DType::F32;
@@ -139,11 +144,9 @@ void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, std::int64_t
       const FlatRow r = taps_cached ? taps[ky * d.kw + kx] : flat_row(d, ky, kx);
       const float* src = inp.as<float>() + base + ci * d.h * d.w + r.shift;
       const std::int64_t a = std::clamp(r.src0, p0, p1), b = std::clamp(r.src1, a, p1);
-      // Plain loops (inlined, vectorised): with 32-column tiles a row is 32 floats, where
-      // library memset/memcpy calls cost more than the copy.
-      for (std::int64_t p = p0; p < a; ++p) row[p] = 0.0f;
-      for (std::int64_t p = a; p < b; ++p) row[p] = src[p];
-      for (std::int64_t p = b; p < p1; ++p) row[p] = 0.0f;
+      std::fill(row + p0, row + a, 0.0f);
+      std::copy(src + a, src + b, row + a);
+      std::fill(row + b, row + p1, 0.0f);
       zero_wrapped(d, r, a, b, row);
     }
     const OxRange ox = flat ? OxRange{} : valid_ox(d, kx);
@@ -178,6 +181,42 @@ void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, std::int64_t
     }
   }
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MEMTRADE_CONV_AVX512 1
+// im2col of one full 32-column tile [p0, p0 + 32) of flat rows (fp32, stride 1, OW = W) into
+// its (K, 32) panel, for the AVX-512 GEMM (the path that uses it, so the CPU has AVX-512F): each
+// row is two masked 16-lane loads and two stores, lanes outside the image or in a wrapped column
+// reading as 0, instead of a copy, two fills and a strided zeroing. The same values as im2col.
+[[gnu::target("avx512f")]] void im2col_tile32(const float* image, const ConvDims& d,
+                                              const FlatRow* taps, std::int64_t p0, float* out) {
+  const std::int64_t nt = d.kh * d.kw;
+  // Lane i holds position p0 + i: kept where its input row is in the image ([src0, src1)) and its
+  // column is not wrapped (the columns [ox.lo, ox.hi) of kx, the same for every ky).
+  std::uint32_t columns[25] = {}, mask[25];
+  for (std::int64_t kx = 0; kx < d.kw; ++kx) {
+    std::int64_t c = p0 % d.ow;  // the column of lane i, stepped along
+    for (int i = 0; i < 32; ++i, c = c + 1 == d.ow ? 0 : c + 1)
+      if (c >= taps[kx].ox.lo && c < taps[kx].ox.hi) columns[kx] |= 1u << i;
+  }
+  auto below = [](std::int64_t n) {  // lanes [0, n), n clamped to [0, 32]
+    return n >= 32 ? ~0u : n <= 0 ? 0u : (1u << n) - 1;
+  };
+  for (std::int64_t t = 0; t < nt; ++t)
+    mask[t] = columns[t % d.kw] & below(taps[t].src1 - p0) & ~below(taps[t].src0 - p0);
+  for (std::int64_t ci = 0; ci < d.ci; ++ci) {
+    const float* plane = image + ci * d.h * d.w;
+    for (std::int64_t t = 0; t < nt; ++t, out += 32) {
+      // Only the unmasked lanes are read: they are inside the plane.
+      const float* src = plane + (taps[t].shift + p0);
+      const auto lo = static_cast<__mmask16>(mask[t] & 0xFFFF);
+      const auto hi = static_cast<__mmask16>(mask[t] >> 16);
+      _mm512_store_ps(out, _mm512_maskz_loadu_ps(lo, src));
+      _mm512_store_ps(out + 16, _mm512_maskz_loadu_ps(hi, src + 16));
+    }
+  }
+}
+#endif
 
 // dx (Ci, H, W) planes [ci0, ci1) = Σ over windows of col's rows of those channels: the adjoint
 // of im2col. Overwrites the wrapped columns of flat rows (see FlatRow) with 0.
@@ -241,6 +280,12 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
   std::optional<PackedA> packed;
   if (gemm_path() == GemmPath::avx512) packed.emplace(false, d.co, d.k(), w.data(), d.k());
   const std::int64_t tile = packed ? 32 : tile_size(d.p(), max_threads(), 32);
+  // Full tiles of flat fp32 rows take im2col_tile32, with the kernel taps' rows worked out once.
+  const bool tile32 = packed && inp.dtype() == DType::F32 && flat_rows(d) && d.kh * d.kw <= 25 &&
+                      reinterpret_cast<std::uintptr_t>(col.data()) % 64 == 0;
+  std::vector<FlatRow> taps;
+  for (std::int64_t t = 0; tile32 && t < d.kh * d.kw; ++t)
+    taps.push_back(flat_row(d, t / d.kw, t % d.kw));
   const std::int64_t tiles = (d.p() + tile - 1) / tile;
   const bool parallel = sgemm_nests() && d.n * d.co * d.p() * d.k() >= kParallelGrain;
 #pragma omp parallel if (parallel)
@@ -256,8 +301,14 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
             std::fill_n(y + o * d.p() + p0, np, load_as_float(bias->data(), bias->dtype(), o));
         if (packed) {
           float* own = col.as<float>() + p0 * d.k();  // this tile's (K, np) matrix
-          im2col(inp, img, d, 0, d.k(), p0, p0 + np, own - p0, np);
-          sgemm_avx512(*packed, false, np, 1.0f, own, np, bias ? 1.0f : 0.0f, y + p0, d.p());
+#ifdef MEMTRADE_CONV_AVX512
+          if (tile32 && np == 32)
+            im2col_tile32(inp.as<float>() + img * d.ci * d.h * d.w, d, taps.data(), p0, own);
+          else
+#endif
+            im2col(inp, img, d, 0, d.k(), p0, p0 + np, own - p0, np);
+          sgemm_avx512(*packed, 0, d.co, false, np, 1.0f, own, np, bias ? 1.0f : 0.0f, y + p0,
+                       d.p());
         } else {
           im2col(inp, img, d, 0, d.k(), p0, p0 + np, col.as<float>(), d.p());
           sgemm(false, false, d.co, np, d.k(), 1.0f, w.data(), d.k(), col.as<float>() + p0, d.p(),
@@ -301,6 +352,10 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
   // An empty batch still assigns a gradient of zeros (the per-image GEMMs below never run).
   if (dw && d.n == 0 && !accumulate) std::fill_n(dw->data(), weight.numel(), 0.0f);
   const std::int64_t kk = d.kh * d.kw;  // col rows per input channel
+  // weightᵀ (K, Co) packed once on the AVX-512 path: gathering a tile's columns of the weight
+  // again for every image was 2% of cnn-small's step (a cache miss per 8 floats).
+  std::optional<PackedA> packed_t;
+  if (w && gemm_path() == GemmPath::avx512) packed_t.emplace(true, d.k(), d.co, w->data(), d.k());
   // Channels per tile: one tile per thread, since each tile's GEMMs pack this image's dout again
   // (two tiles per thread cost cnn-small 3% more time than one; channel counts divide evenly).
   const std::int64_t tile = std::max<std::int64_t>(1, (d.ci + max_threads() - 1) / max_threads());
@@ -330,8 +385,11 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
                 d.k());
         }
         if (dinp) {  // dcol[k0:k1] (nk, P) = weight[:, k0:k1]ᵀ · dout_n, folded back by col2im
-          sgemm(true, false, nk, d.p(), d.co, 1.0f, w->data() + k0, d.k(), g, d.p(), 0.0f, rows,
-                d.p());
+          if (packed_t && k0 % 8 == 0)
+            sgemm_avx512(*packed_t, k0, nk, false, d.p(), 1.0f, g, d.p(), 0.0f, rows, d.p());
+          else
+            sgemm(true, false, nk, d.p(), d.co, 1.0f, w->data() + k0, d.k(), g, d.p(), 0.0f, rows,
+                  d.p());
           col2im(col.as<float>(), d, c0, c1, dx);
           if (dinp_buf)
             write_f32(*dinp, in_off + c0 * d.h * d.w, (c1 - c0) * d.h * d.w, dx + c0 * d.h * d.w);

@@ -142,7 +142,7 @@ TEST_F(CpuGemm, Avx512BitsDoNotDependOnWhichRowsOrColumnsACallComputes) {
   }
 }
 
-TEST_F(CpuGemm, PackedAAndBAlreadyInPanelFormGiveTheSameBits) {
+TEST_F(CpuGemm, PackedAItsRowRangesAndBAlreadyInPanelFormGiveTheSameBits) {
   if (!cpu::gemm_avx512_available()) GTEST_SKIP() << "this CPU has no AVX-512F";
   for (bool ta : {false, true}) {
     const std::int64_t m = 70, k = 600, n = 32;
@@ -164,12 +164,20 @@ TEST_F(CpuGemm, PackedAAndBAlreadyInPanelFormGiveTheSameBits) {
       cpu::sgemm_avx512(ta, false, m, n, k, 1.0f, a.data(), lda, strided.data(), n + 1, beta,
                         want.data(), n);
       const cpu::PackedA pa(ta, m, k, a.data(), lda);
-      cpu::sgemm_avx512(pa, false, n, 1.0f, strided.data(), n + 1, beta, packed.data(), n);
-      cpu::sgemm_avx512(pa, false, n, 1.0f, in_place, n, beta, panel.data(), n);
+      cpu::sgemm_avx512(pa, 0, m, false, n, 1.0f, strided.data(), n + 1, beta, packed.data(), n);
+      cpu::sgemm_avx512(pa, 0, m, false, n, 1.0f, in_place, n, beta, panel.data(), n);
+      // Rows [16, 56) of the packed A alone: those rows of the whole product.
+      std::vector<float> part = c0;
+      cpu::sgemm_avx512(pa, 16, 40, false, n, 1.0f, strided.data(), n + 1, beta,
+                        part.data() + 16 * n, n);
       for (std::size_t i = 0; i < want.size(); ++i) {
         ASSERT_EQ(packed[i], want[i]) << "packed A, ta " << ta << " beta " << beta << " at " << i;
         ASSERT_EQ(panel[i], want[i]) << "B in place, ta " << ta << " beta " << beta << " at " << i;
+        const bool in_part = i >= 16 * n && i < 56 * n;
+        ASSERT_EQ(part[i], in_part ? want[i] : c0[i]) << "rows 16..56, ta " << ta << " at " << i;
       }
+      EXPECT_THROW(cpu::sgemm_avx512(pa, 4, 8, false, n, 1.0f, in_place, n, beta, part.data(), n),
+                   std::invalid_argument);
     }
   }
 }

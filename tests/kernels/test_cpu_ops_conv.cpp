@@ -1,8 +1,11 @@
 // conv2d forward/backward (im2col + GEMM) against a direct double convolution.
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include <omp.h>
 
+#include "kernels/cpu/cpu_gemm.h"
 #include "tests/kernels/test_cpu_ops_common.h"
 
 namespace memtrade::test {
@@ -133,6 +136,40 @@ TEST_F(OpsTest, ConvTilesMatchTheReferenceWithTwoThreadsAndOne) {
         expect_close(get(dw), want.dw, tol, tol, "dweight");
         expect_close(get(db), want.db, tol, tol, "dbias");
       }
+    }
+  }
+}
+
+// Every GEMM path (kernels/cpu/cpu_gemm.h) through the convolution: the AVX-512 one packs the
+// weight once, writes 32-column im2col tiles in its panel form (whole ones by masked copies:
+// "same" rows of 1x1, 3x3 and 5x5 kernels, widths that do and do not divide 32) and reads them
+// in place; OpenBLAS takes the plain tiles.
+TEST_F(OpsTest, ConvOnEveryGemmPathMatchesTheReference) {
+  std::vector<cpu::GemmPath> paths{cpu::GemmPath::blas};
+  if (cpu::gemm_avx512_available()) paths.push_back(cpu::GemmPath::avx512);
+  const cpu::GemmPath keep = cpu::gemm_path();
+  for (const Conv& d : {Conv{2, 3, 20, 18, 5, 3, 1, 1}, Conv{2, 2, 12, 12, 3, 5, 1, 2},
+                        Conv{2, 4, 8, 8, 6, 1, 1, 0}, Conv{2, 3, 10, 9, 4, 3, 1, 0},
+                        Conv{1, 2, 16, 16, 3, 3, 2, 1}}) {
+    SCOPED_TRACE("k" + std::to_string(d.k) + " pad " + std::to_string(d.pad) + " " +
+                 std::to_string(d.h) + "x" + std::to_string(d.w));
+    const int oh = d.oh(), ow = d.ow();
+    auto x = rand_vec(d.n * d.ci * d.h * d.w, 41), wt = rand_vec(d.co * d.ci * d.k * d.k, 42),
+         r = rand_vec(d.n * d.co * oh * ow, 43);
+    const ConvGrads want = ref_conv_grads(d, to_d(x), to_d(wt), to_d(r));
+    for (cpu::GemmPath path : paths) {
+      SCOPED_TRACE(cpu::gemm_path_name(path));
+      cpu::set_gemm_path(path);
+      Tensor tx = make({d.n, d.ci, d.h, d.w}, x), tw = make({d.co, d.ci, d.k, d.k}, wt),
+             out = garbage({d.n, d.co, oh, ow});
+      ops().conv2d_forward(out, tx, tw, nullptr, d.stride, d.pad);
+      Tensor dout = make({d.n, d.co, oh, ow}, r), dx = garbage({d.n, d.ci, d.h, d.w}),
+             dw = garbage({d.co, d.ci, d.k, d.k});
+      ops().conv2d_backward(&dx, &dw, nullptr, dout, tx, tw, d.stride, d.pad, false);
+      cpu::set_gemm_path(keep);
+      expect_close(get(out), ref_conv(d, to_d(x), to_d(wt), nullptr), 1e-5, 1e-5, "forward");
+      expect_close(get(dx), want.dx, 1e-5, 1e-5, "dinp");
+      expect_close(get(dw), want.dw, 1e-5, 1e-5, "dweight");
     }
   }
 }
