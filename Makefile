@@ -78,8 +78,9 @@ bench: build
 	@for b in $(BUILD)/bench/*; do OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $$b \
 	  --benchmark_min_time=0.2 || exit 1; done
 
+# PEER_ARGS: more flags for compare_cpu.py, e.g. --isa avx2 (both sides kept off AVX-512) or --cpu.
 peer: build
-	@$(PYTHON) bench/peers/compare_cpu.py --memtrade $(BUILD)/memtrade
+	@$(PYTHON) bench/peers/compare_cpu.py --memtrade $(BUILD)/memtrade $(PEER_ARGS)
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')

@@ -7,8 +7,10 @@
 // time; the CPU column is the whole process's (every thread), which shows the work done even
 // when the shared machine keeps a thread waiting for a core.
 //
-// LargestGemm is a model's largest GEMM alone, as plain OpenBLAS runs it (cblas_sgemm with its
-// own threads), the yardstick of the step's FLOP/s:
+// LargestGemm is a model's largest GEMM alone, the yardstick of the step's FLOP/s: as plain
+// OpenBLAS runs it (cblas_sgemm with its own threads), and (/engine) through the CPU ops' own
+// sgemm on the path the step itself runs (memtrade's AVX-512 GEMM where the CPU has it, else
+// OpenBLAS; kernels/cpu/cpu_gemm.h), split among the threads as the ops split it:
 //   bench_step --benchmark_filter='gpt_small_fp32/|LargestGemm/gpt_small'
 //              --benchmark_enable_random_interleaving=true --benchmark_repetitions=10
 #include <benchmark/benchmark.h>
@@ -21,6 +23,7 @@
 #include <cblas.h>
 #endif
 
+#include "kernels/cpu/cpu_ops_impl.h"
 #include "kernels/device.h"
 #include "models/knobs.h"
 #include "models/model.h"
@@ -75,10 +78,14 @@ void BM_LargestGemm(benchmark::State& state) {
       c(static_cast<std::size_t>(m * n));
   for (auto& x : a) x = d(g);
   for (auto& x : b) x = d(g);
+  const bool engine = state.range(3) != 0;
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), b.data(),
-                static_cast<int>(k), 0.0f, c.data(), static_cast<int>(n));
+    if (engine)
+      cpu::sgemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
+    else
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                  static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), b.data(),
+                  static_cast<int>(k), 0.0f, c.data(), static_cast<int>(n));
     benchmark::DoNotOptimize(c.data());
   }
   state.counters["FLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k),
@@ -89,7 +96,13 @@ void BM_LargestGemm(benchmark::State& state) {
 // 8192 × 384 × 1024) the weight gradient: the same multiply-adds.
 BENCHMARK(BM_LargestGemm)
     ->Name("LargestGemm/gpt_small_b4")
-    ->Args({1024, 8192, 384})
+    ->Args({1024, 8192, 384, 0})
+    ->Unit(benchmark::kMillisecond)
+    ->MeasureProcessCPUTime()
+    ->UseRealTime();
+BENCHMARK(BM_LargestGemm)
+    ->Name("LargestGemm/gpt_small_b4/engine")
+    ->Args({1024, 8192, 384, 1})
     ->Unit(benchmark::kMillisecond)
     ->MeasureProcessCPUTime()
     ->UseRealTime();

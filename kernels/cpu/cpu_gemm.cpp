@@ -15,6 +15,8 @@
 // store is masked to the rows and columns that exist.
 #include "kernels/cpu/cpu_gemm.h"
 
+#include "kernels/cpu/cpu_vec.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -57,7 +59,7 @@ Buffers& buffers() {
 }
 
 GemmPath initial_path() {
-  if (!gemm_avx512_available()) return GemmPath::blas;
+  if (!gemm_avx512_available() || vec::isa() != vec::Isa::avx512) return GemmPath::blas;
   const char* env = std::getenv("MEMTRADE_GEMM");
   return env != nullptr && std::string(env) == "blas" ? GemmPath::blas : GemmPath::avx512;
 }

@@ -28,8 +28,8 @@ namespace memtrade::cpu {
 // The GEMM the CPU ops use: OpenBLAS (or blocked_sgemm without it), or the AVX-512F one here.
 enum class GemmPath { blas, avx512 };
 
-// avx512 where the CPU (and OS) support AVX-512F, unless MEMTRADE_GEMM=blas in the environment;
-// else blas.
+// avx512 where the CPU (and OS) support AVX-512F, unless the environment says MEMTRADE_GEMM=blas
+// or caps the vector loops below AVX-512 (MEMTRADE_ISA, kernels/cpu/cpu_vec.h); else blas.
 GemmPath gemm_path();
 // Whether this CPU can run the avx512 path.
 bool gemm_avx512_available();

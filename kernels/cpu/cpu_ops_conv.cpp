@@ -5,14 +5,15 @@
 // The threads share that one buffer by owning disjoint parts of it, in one parallel region per
 // op and without a barrier between images (each GEMM single-threaded: OpenMP OpenBLAS nests):
 //   - forward: pixel tiles (columns of col): a thread gathers its tile's columns and multiplies
-//     weight (Co, K) by them into its tile of out;
+//     weight (Co, K) by them into its tile of out (on the AVX-512 GEMM path, tiles of 32
+//     columns stored as their own (K, 32) panel in the tile's part of the buffer);
 //   - backward: channel tiles (rows of col, a channel's KH·KW rows together): a thread gathers
 //     its rows, adds dout · rowsᵀ into its columns of dweight, computes those rows of the
 //     column gradient and folds them into its channels of dinp.
 // A thread owns the same tiles in every image, so nothing another thread touches is ever
-// overwritten. A GEMM sums each element over K in the library's order whatever range of rows or
-// columns it is given, so the tiling does not change results. (The pthreads OpenBLAS, whose pool
-// fights OpenMP's, runs the tiles in turn: sgemm_nests().)
+// overwritten. A GEMM sums each element over K in its own fixed order whatever range of rows or
+// columns it is given (kernels/cpu/cpu_gemm.h), so the tiling does not change results. (The
+// pthreads OpenBLAS, whose pool fights OpenMP's, runs the tiles in turn: sgemm_nests().)
 #include <algorithm>
 #include <cstdint>
 #include <cstring>

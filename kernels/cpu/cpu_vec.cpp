@@ -10,7 +10,10 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
+#include <string_view>
 
 #include "kernels/optimizer_math.h"
 
@@ -46,8 +49,24 @@ Isa detect() {
   return Isa::sse2;
 }
 
+// best_isa(), or a narrower path named by MEMTRADE_ISA (sse2, avx2, avx512): a machine with
+// only AVX2 (or SSE2) emulated on a wider one, for `make peer --isa` and CPU comparisons.
+Isa initial_isa() {
+  const char* env = std::getenv("MEMTRADE_ISA");
+  if (env == nullptr || *env == '\0') return best_isa();
+  for (Isa path : {Isa::sse2, Isa::avx2, Isa::avx512})
+    if (std::string_view(env) == isa_name(path)) {
+      if (static_cast<int>(path) <= static_cast<int>(best_isa())) return path;
+      std::fprintf(stderr, "memtrade: MEMTRADE_ISA=%s: this CPU has no %s; using %s\n", env, env,
+                   isa_name(best_isa()));
+      return best_isa();
+    }
+  std::fprintf(stderr, "memtrade: MEMTRADE_ISA=%s ignored (sse2, avx2 or avx512)\n", env);
+  return best_isa();
+}
+
 std::atomic<Isa>& current() {
-  static std::atomic<Isa> path{best_isa()};
+  static std::atomic<Isa> path{initial_isa()};
   return path;
 }
 

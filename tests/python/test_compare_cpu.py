@@ -1,0 +1,51 @@
+"""bench/peers/compare_cpu.py (`make peer`): bad input is exit 2, and a short run names what each
+side's CPU kernels ran (--isa avx2 keeps both off AVX-512) next to a finite ratio."""
+import json
+import math
+import subprocess
+import sys
+
+from conftest import ROOT
+
+SCRIPT = ROOT / "bench" / "peers" / "compare_cpu.py"
+
+
+def run(args):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+
+
+def test_bad_points_and_isa_are_exit_2(memtrade_bin):
+    r = run(["--memtrade", memtrade_bin, "--points", "gpt-tiny"])
+    assert r.returncode == 2 and "MODEL:BATCH" in r.stderr
+    r = run(["--memtrade", memtrade_bin, "--isa", "avx9"])
+    assert r.returncode == 2
+
+
+def test_avx2_run_names_each_sides_kernels(memtrade_bin, tmp_path):
+    out = tmp_path / "peer.json"
+    r = run(["--memtrade", memtrade_bin, "--points", "gpt-tiny:2", "--rounds", "1", "--steps", "2",
+             "--isa", "avx2", "--json", str(out)])
+    assert r.returncode == 0, r.stderr
+    assert "--isa avx2: memtrade GEMM BLAS, vector loops avx2; PyTorch oneDNN ISA AVX2" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["isa"] == "avx2" and doc["memtrade_kernels"] == "GEMM BLAS, vector loops avx2"
+    (row,) = doc["rows"]
+    assert row["model"] == "gpt-tiny" and row["batch"] == 2
+    assert math.isfinite(row["ratio"]) and row["ratio"] > 0
+
+
+def kernels(memtrade_bin, **env):
+    import os
+    r = subprocess.run([memtrade_bin, "--version"], capture_output=True, text=True,
+                       env=dict(os.environ, **env))
+    line = next(l for l in r.stdout.splitlines() if l.startswith("CPU kernels"))
+    return line.split(None, 2)[2], r.stderr
+
+
+def test_memtrade_isa_and_gemm_env_narrow_the_cpu_kernels(memtrade_bin):
+    assert kernels(memtrade_bin, MEMTRADE_ISA="sse2")[0] == "GEMM BLAS, vector loops sse2"
+    assert kernels(memtrade_bin, MEMTRADE_ISA="avx2", MEMTRADE_GEMM="blas")[0] == \
+        "GEMM BLAS, vector loops avx2"
+    line, err = kernels(memtrade_bin, MEMTRADE_ISA="avx9")
+    assert "MEMTRADE_ISA=avx9 ignored (sse2, avx2 or avx512)" in err
+    assert line == kernels(memtrade_bin)[0]  # the default: the CPU's best
