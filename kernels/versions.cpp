@@ -1,3 +1,5 @@
+#include <string>
+
 #include <fmt/format.h>
 
 #include "kernels/cpu/cpu_gemm.h"
@@ -34,7 +36,9 @@ std::vector<std::pair<std::string, std::string>> library_versions() {
   // Which GEMM and vector loops the CPU ops run: results from two machines compare only with this.
   v.emplace_back("CPU kernels",
                  fmt::format("GEMM {}, vector loops {}",
-                             cpu::gemm_path() == cpu::GemmPath::avx512 ? "memtrade avx512" : "BLAS",
+                             cpu::gemm_path() == cpu::GemmPath::blas
+                                 ? std::string("BLAS")
+                                 : std::string("memtrade ") + cpu::gemm_path_name(cpu::gemm_path()),
                              cpu::vec::isa_name(cpu::vec::isa())));
 #ifdef _OPENMP
   v.emplace_back("OpenMP", fmt::format("{}", _OPENMP));

@@ -5,8 +5,8 @@
 // The threads share that one buffer by owning disjoint parts of it, in one parallel region per
 // op and without a barrier between images (each GEMM single-threaded: OpenMP OpenBLAS nests):
 //   - forward: pixel tiles (columns of col): a thread gathers its tile's columns and multiplies
-//     weight (Co, K) by them into its tile of out (on the AVX-512 GEMM path, tiles of 32
-//     columns stored as their own (K, 32) panel in the tile's part of the buffer);
+//     weight (Co, K) by them into its tile of out (on memtrade's own GEMM, tiles of its panel
+//     width stored as their own (K, width) panel in the tile's part of the buffer);
 //   - backward: channel tiles (rows of col, a channel's KH·KW rows together): a thread gathers
 //     its rows, adds dout · rowsᵀ into its columns of dweight, computes those rows of the
 //     column gradient and folds them into its channels of dinp.
@@ -19,10 +19,6 @@
 #include <cstring>
 #include <optional>
 #include <vector>
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#endif
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -112,7 +108,7 @@ FlatRow flat_row(const ConvDims& d, std::int64_t ky, std::int64_t kx) {
 // Sets the wrapped columns (outside r.ox) of positions [a, b) of a flat row to 0.
 void zero_wrapped(const ConvDims& d, const FlatRow& r, std::int64_t a, std::int64_t b, float* row) {
   // Column by column (|pad − kx| of them, usually one), strided by a row. One division per call
-  // (a's column), not three per column: im2col calls this for every row of every 32-column tile.
+  // (a's column), not three per column: im2col calls this for every row of every tile.
   if (r.ox.lo == 0 && r.ox.hi == d.ow) return;
   const std::int64_t col_a = a % d.ow;  // a >= 0
   auto column = [&](std::int64_t c) {
@@ -183,41 +179,31 @@ void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, std::int64_t
   }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define MEMTRADE_CONV_AVX512 1
-// im2col of one full 32-column tile [p0, p0 + 32) of flat rows (fp32, stride 1, OW = W) into
-// its (K, 32) panel, for the AVX-512 GEMM (the path that uses it, so the CPU has AVX-512F): each
-// row is two masked 16-lane loads and two stores, lanes outside the image or in a wrapped column
-// reading as 0, instead of a copy, two fills and a strided zeroing. The same values as im2col.
-[[gnu::target("avx512f")]] void im2col_tile32(const float* image, const ConvDims& d,
-                                              const FlatRow* taps, std::int64_t p0, float* out) {
+// im2col of one full tile [p0, p0 + w) of flat rows (fp32, stride 1, OW = W; w the own GEMM's
+// panel width, ≤ 32) straight into its (K, w) panel by fill_panel_rows: each row one or two
+// masked vector copies, lanes outside the image or in a wrapped column reading as 0, instead of
+// a copy, two fills and a strided zeroing. The same values as im2col.
+void im2col_tile(const float* image, const ConvDims& d, const FlatRow* taps, std::int64_t p0,
+                 std::int64_t w, float* out) {
   const std::int64_t nt = d.kh * d.kw;
   // Lane i holds position p0 + i: kept where its input row is in the image ([src0, src1)) and its
   // column is not wrapped (the columns [ox.lo, ox.hi) of kx, the same for every ky).
   std::uint32_t columns[25] = {}, mask[25];
+  std::int64_t offsets[25];
   for (std::int64_t kx = 0; kx < d.kw; ++kx) {
     std::int64_t c = p0 % d.ow;  // the column of lane i, stepped along
-    for (int i = 0; i < 32; ++i, c = c + 1 == d.ow ? 0 : c + 1)
+    for (int i = 0; i < w; ++i, c = c + 1 == d.ow ? 0 : c + 1)
       if (c >= taps[kx].ox.lo && c < taps[kx].ox.hi) columns[kx] |= 1u << i;
   }
   auto below = [](std::int64_t n) {  // lanes [0, n), n clamped to [0, 32]
     return n >= 32 ? ~0u : n <= 0 ? 0u : (1u << n) - 1;
   };
-  for (std::int64_t t = 0; t < nt; ++t)
+  for (std::int64_t t = 0; t < nt; ++t) {
     mask[t] = columns[t % d.kw] & below(taps[t].src1 - p0) & ~below(taps[t].src0 - p0);
-  for (std::int64_t ci = 0; ci < d.ci; ++ci) {
-    const float* plane = image + ci * d.h * d.w;
-    for (std::int64_t t = 0; t < nt; ++t, out += 32) {
-      // Only the unmasked lanes are read: they are inside the plane.
-      const float* src = plane + (taps[t].shift + p0);
-      const auto lo = static_cast<__mmask16>(mask[t] & 0xFFFF);
-      const auto hi = static_cast<__mmask16>(mask[t] >> 16);
-      _mm512_store_ps(out, _mm512_maskz_loadu_ps(lo, src));
-      _mm512_store_ps(out + 16, _mm512_maskz_loadu_ps(hi, src + 16));
-    }
+    offsets[t] = taps[t].shift + p0;
   }
+  fill_panel_rows(image, d.ci, d.h * d.w, offsets, mask, nt, out);
 }
-#endif
 
 // dx (Ci, H, W) planes [ci0, ci1) = Σ over windows of col's rows of those channels: the adjoint
 // of im2col. Overwrites the wrapped columns of flat rows (see FlatRow) with 0.
@@ -272,20 +258,22 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
   auto out_buf = scratch_if(out.dtype() != DType::F32, alloc, {d.co, d.p()});
   Tensor col(alloc, {d.k(), d.p()}, DType::F32, Category::workspace);
   if (d.n == 0 || d.p() == 0) return;
-  // The AVX-512 GEMM (kernels/cpu/cpu_gemm.h) takes the weight packed once for every image and
-  // tile, and tiles of exactly its 32-column panel: each tile's columns of col are then stored
-  // as their own (K, 32) matrix (in the tile's K·32 floats of the buffer), which is the packed
-  // form the GEMM reads in place, so im2col's output is never copied again. (cblas_sgemm packs
-  // both operands per call: 3.5% of cnn-small's step was packing the weight, 1.4% col.)
+  // memtrade's own GEMM (kernels/cpu/cpu_gemm.h) takes the weight packed once for every image
+  // and tile, and tiles of exactly its panel width (32 columns on AVX-512, 16 on AVX2): each
+  // tile's columns of col are then stored as their own (K, width) matrix (in the tile's K·width
+  // floats of the buffer), which is the packed form the GEMM reads in place, so im2col's output
+  // is never copied again. (cblas_sgemm packs both operands per call: 3.5% of cnn-small's step
+  // was packing the weight, 1.4% col.)
   // With OpenBLAS, pixel tiles of at least 32 columns (narrower ones would starve the GEMM).
   std::optional<PackedA> packed;
-  if (gemm_path() == GemmPath::avx512) packed.emplace(false, d.co, d.k(), w.data(), d.k());
-  const std::int64_t tile = packed ? 32 : tile_size(d.p(), max_threads(), 32);
-  // Full tiles of flat fp32 rows take im2col_tile32, with the kernel taps' rows worked out once.
-  const bool tile32 = packed && inp.dtype() == DType::F32 && flat_rows(d) && d.kh * d.kw <= 25 &&
-                      reinterpret_cast<std::uintptr_t>(col.data()) % 64 == 0;
+  if (gemm_path() != GemmPath::blas) packed.emplace(false, d.co, d.k(), w.data(), d.k());
+  const std::int64_t tile = packed ? gemm_panel_width() : tile_size(d.p(), max_threads(), 32);
+  // Full tiles of flat fp32 rows take im2col_tile, with the kernel taps' rows worked out once.
+  const bool whole_tiles = packed && inp.dtype() == DType::F32 && flat_rows(d) &&
+                           d.kh * d.kw <= 25 &&
+                           reinterpret_cast<std::uintptr_t>(col.data()) % 64 == 0;
   std::vector<FlatRow> taps;
-  for (std::int64_t t = 0; tile32 && t < d.kh * d.kw; ++t)
+  for (std::int64_t t = 0; whole_tiles && t < d.kh * d.kw; ++t)
     taps.push_back(flat_row(d, t / d.kw, t % d.kw));
   const std::int64_t tiles = (d.p() + tile - 1) / tile;
   const bool parallel = sgemm_nests() && d.n * d.co * d.p() * d.k() >= kParallelGrain;
@@ -302,14 +290,11 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
             std::fill_n(y + o * d.p() + p0, np, load_as_float(bias->data(), bias->dtype(), o));
         if (packed) {
           float* own = col.as<float>() + p0 * d.k();  // this tile's (K, np) matrix
-#ifdef MEMTRADE_CONV_AVX512
-          if (tile32 && np == 32)
-            im2col_tile32(inp.as<float>() + img * d.ci * d.h * d.w, d, taps.data(), p0, own);
+          if (whole_tiles && np == tile)
+            im2col_tile(inp.as<float>() + img * d.ci * d.h * d.w, d, taps.data(), p0, np, own);
           else
-#endif
             im2col(inp, img, d, 0, d.k(), p0, p0 + np, own - p0, np);
-          sgemm_avx512(*packed, 0, d.co, false, np, 1.0f, own, np, bias ? 1.0f : 0.0f, y + p0,
-                       d.p());
+          own_sgemm(*packed, 0, d.co, false, np, 1.0f, own, np, bias ? 1.0f : 0.0f, y + p0, d.p());
         } else {
           im2col(inp, img, d, 0, d.k(), p0, p0 + np, col.as<float>(), d.p());
           sgemm(false, false, d.co, np, d.k(), 1.0f, w.data(), d.k(), col.as<float>() + p0, d.p(),
@@ -353,10 +338,10 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
   // An empty batch still assigns a gradient of zeros (the per-image GEMMs below never run).
   if (dw && d.n == 0 && !accumulate) std::fill_n(dw->data(), weight.numel(), 0.0f);
   const std::int64_t kk = d.kh * d.kw;  // col rows per input channel
-  // weightᵀ (K, Co) packed once on the AVX-512 path: gathering a tile's columns of the weight
+  // weightᵀ (K, Co) packed once on the own GEMM: gathering a tile's columns of the weight
   // again for every image was 2% of cnn-small's step (a cache miss per 8 floats).
   std::optional<PackedA> packed_t;
-  if (w && gemm_path() == GemmPath::avx512) packed_t.emplace(true, d.k(), d.co, w->data(), d.k());
+  if (w && gemm_path() != GemmPath::blas) packed_t.emplace(true, d.k(), d.co, w->data(), d.k());
   // Channels per tile: one tile per thread, since each tile's GEMMs pack this image's dout again
   // (two tiles per thread cost cnn-small 3% more time than one; channel counts divide evenly).
   const std::int64_t tile = std::max<std::int64_t>(1, (d.ci + max_threads() - 1) / max_threads());
@@ -386,8 +371,8 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
                 d.k());
         }
         if (dinp) {  // dcol[k0:k1] (nk, P) = weight[:, k0:k1]ᵀ · dout_n, folded back by col2im
-          if (packed_t && k0 % 8 == 0)
-            sgemm_avx512(*packed_t, k0, nk, false, d.p(), 1.0f, g, d.p(), 0.0f, rows, d.p());
+          if (packed_t && k0 % gemm_panel_rows() == 0)
+            own_sgemm(*packed_t, k0, nk, false, d.p(), 1.0f, g, d.p(), 0.0f, rows, d.p());
           else
             sgemm(true, false, nk, d.p(), d.co, 1.0f, w->data() + k0, d.k(), g, d.p(), 0.0f, rows,
                   d.p());

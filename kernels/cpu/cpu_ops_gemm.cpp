@@ -1,7 +1,7 @@
 // GEMM-based ops: matmul, linear forward/backward, and the sgemm they share.
 //
-// fp32 operands go straight to the GEMM (OpenBLAS's, or memtrade's own AVX-512F one where the CPU
-// has it: kernels/cpu/cpu_gemm.h); 16-bit operands are converted to fp32 scratch
+// fp32 operands go straight to the GEMM (memtrade's own AVX-512F or AVX2 one where the CPU has
+// it, else OpenBLAS's: kernels/cpu/cpu_gemm.h); 16-bit operands are converted to fp32 scratch
 // tensors (category workspace, from the output's allocator) first, since OpenBLAS has no
 // half-precision GEMM and arithmetic is fp32 anyway.
 #include <algorithm>
@@ -86,8 +86,8 @@ int split_parts(std::int64_t m, std::int64_t n, std::int64_t k) {
 void cblas(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
            const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
            std::int64_t ldc) {
-  if (gemm_path() == GemmPath::avx512) {
-    sgemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (gemm_path() != GemmPath::blas) {
+    own_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,

@@ -1,9 +1,9 @@
 // The CPU GEMM paths (kernels/cpu/cpu_gemm.h): every path this machine has against a
 // double-precision reference, on shapes that cross every blocking loop (k past a packed block,
 // n past a B block, m past an A block, ragged register blocks) in all four transpose cases; the
-// beta = 0 rule; and the AVX-512F path's rounding contract, that the bits of an element of C do
-// not depend on which rows or columns of C a call computes (so splitting among threads cannot
-// change results).
+// beta = 0 rule; and the own paths' rounding contract, that the bits of an element of C depend
+// neither on which rows or columns of C a call computes (so splitting among threads cannot
+// change results) nor on the vector width (AVX2 and AVX-512 agree bit for bit).
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -63,8 +63,14 @@ class CpuGemm : public ::testing::Test {
   void TearDown() override { cpu::set_gemm_path(initial_); }
   GemmPath initial_ = GemmPath::blas;
   static std::vector<GemmPath> paths() {
-    std::vector<GemmPath> p{GemmPath::blas};
-    if (cpu::gemm_avx512_available()) p.push_back(GemmPath::avx512);
+    std::vector<GemmPath> p;
+    for (GemmPath path : {GemmPath::blas, GemmPath::avx2, GemmPath::avx512})
+      if (cpu::gemm_available(path)) p.push_back(path);
+    return p;
+  }
+  static std::vector<GemmPath> own_paths() {
+    std::vector<GemmPath> p = paths();
+    p.erase(p.begin());  // blas
     return p;
   }
 };
@@ -111,73 +117,88 @@ TEST_F(CpuGemm, EveryPathMatchesDoublePrecisionOnEveryBlockingLoop) {
   }
 }
 
-TEST_F(CpuGemm, Avx512BitsDoNotDependOnWhichRowsOrColumnsACallComputes) {
-  if (!cpu::gemm_avx512_available()) GTEST_SKIP() << "this CPU has no AVX-512F";
+TEST_F(CpuGemm, OwnBitsDoNotDependOnTheRowsColumnsOrVectorWidthOfACall) {
+  if (own_paths().empty()) GTEST_SKIP() << "this CPU has neither AVX2 with FMA nor AVX-512F";
   for (const Shape& s : {Shape{129, 1100, 600, false, true, 1.0f, 0.0f},
                          Shape{150, 70, 513, true, false, 0.5f, 1.0f}}) {
     const Problem pr(s, 101);
-    const std::vector<float> whole = pr.run(GemmPath::avx512);
-    // Row blocks and column blocks of odd sizes, each its own call on offset operands.
-    for (std::int64_t block : {std::int64_t{13}, std::int64_t{40}}) {
-      std::vector<float> rows = pr.c0, cols = pr.c0;
-      for (std::int64_t i0 = 0; i0 < s.m; i0 += block) {
-        const std::int64_t len = std::min(block, s.m - i0);
-        cpu::sgemm_avx512(s.ta, s.tb, len, s.n, s.k, s.alpha,
-                          s.ta ? pr.a.data() + i0 : pr.a.data() + i0 * pr.lda, pr.lda, pr.b.data(),
-                          pr.ldb, s.beta, rows.data() + i0 * pr.ldc, pr.ldc);
-      }
-      for (std::int64_t j0 = 0; j0 < s.n; j0 += block) {
-        const std::int64_t len = std::min(block, s.n - j0);
-        cpu::sgemm_avx512(s.ta, s.tb, s.m, len, s.k, s.alpha, pr.a.data(), pr.lda,
-                          s.tb ? pr.b.data() + j0 * pr.ldb : pr.b.data() + j0, pr.ldb, s.beta,
-                          cols.data() + j0, pr.ldc);
-      }
-      for (std::int64_t i = 0; i < s.m; ++i)
-        for (std::int64_t j = 0; j < s.n; ++j) {
-          const std::int64_t at = i * pr.ldc + j;
-          ASSERT_EQ(rows[at], whole[at]) << "row blocks of " << block << " at " << i << "," << j;
-          ASSERT_EQ(cols[at], whole[at]) << "column blocks of " << block << " at " << i << "," << j;
+    const std::vector<float> whole = pr.run(own_paths().front());
+    for (GemmPath path : own_paths()) {
+      SCOPED_TRACE(cpu::gemm_path_name(path));
+      // The same bits on every own path: one order of the k sums, whatever the vector width.
+      const std::vector<float> other = pr.run(path);
+      for (std::size_t i = 0; i < whole.size(); ++i) ASSERT_EQ(other[i], whole[i]) << "at " << i;
+      // Row blocks and column blocks of odd sizes, each its own call on offset operands.
+      for (std::int64_t block : {std::int64_t{13}, std::int64_t{40}}) {
+        std::vector<float> rows = pr.c0, cols = pr.c0;
+        for (std::int64_t i0 = 0; i0 < s.m; i0 += block) {
+          const std::int64_t len = std::min(block, s.m - i0);
+          cpu::own_sgemm(s.ta, s.tb, len, s.n, s.k, s.alpha,
+                         s.ta ? pr.a.data() + i0 : pr.a.data() + i0 * pr.lda, pr.lda, pr.b.data(),
+                         pr.ldb, s.beta, rows.data() + i0 * pr.ldc, pr.ldc);
         }
+        for (std::int64_t j0 = 0; j0 < s.n; j0 += block) {
+          const std::int64_t len = std::min(block, s.n - j0);
+          cpu::own_sgemm(s.ta, s.tb, s.m, len, s.k, s.alpha, pr.a.data(), pr.lda,
+                         s.tb ? pr.b.data() + j0 * pr.ldb : pr.b.data() + j0, pr.ldb, s.beta,
+                         cols.data() + j0, pr.ldc);
+        }
+        for (std::int64_t i = 0; i < s.m; ++i)
+          for (std::int64_t j = 0; j < s.n; ++j) {
+            const std::int64_t at = i * pr.ldc + j;
+            ASSERT_EQ(rows[at], whole[at]) << "row blocks of " << block << " at " << i << "," << j;
+            ASSERT_EQ(cols[at], whole[at])
+                << "column blocks of " << block << " at " << i << "," << j;
+          }
+      }
     }
   }
 }
 
 TEST_F(CpuGemm, PackedAItsRowRangesAndBAlreadyInPanelFormGiveTheSameBits) {
-  if (!cpu::gemm_avx512_available()) GTEST_SKIP() << "this CPU has no AVX-512F";
-  for (bool ta : {false, true}) {
-    const std::int64_t m = 70, k = 600, n = 32;
-    const std::int64_t lda = (ta ? m : k) + 1;
-    const std::vector<float> a = rand_vec(static_cast<std::size_t>((ta ? k : m) * lda), 5, 1.0f);
-    // B (k, 32) twice: rows 32 floats apart and 64-byte aligned (read in place as its own packed
-    // panel), and rows 33 apart (packed as usual).
-    std::vector<float> storage(static_cast<std::size_t>(k * n + 16));
-    float* in_place = storage.data();
-    while (reinterpret_cast<std::uintptr_t>(in_place) % 64 != 0) ++in_place;
-    std::vector<float> strided(static_cast<std::size_t>(k * (n + 1)));
-    const std::vector<float> bv = rand_vec(static_cast<std::size_t>(k * n), 6, 1.0f);
-    for (std::int64_t p = 0; p < k; ++p)
-      for (std::int64_t j = 0; j < n; ++j)
-        in_place[p * n + j] = strided[p * (n + 1) + j] = bv[p * n + j];
-    const std::vector<float> c0 = rand_vec(static_cast<std::size_t>(m * n), 7, 1.0f);
-    for (float beta : {0.0f, 1.0f}) {
-      std::vector<float> want = c0, packed = c0, panel = c0;
-      cpu::sgemm_avx512(ta, false, m, n, k, 1.0f, a.data(), lda, strided.data(), n + 1, beta,
-                        want.data(), n);
-      const cpu::PackedA pa(ta, m, k, a.data(), lda);
-      cpu::sgemm_avx512(pa, 0, m, false, n, 1.0f, strided.data(), n + 1, beta, packed.data(), n);
-      cpu::sgemm_avx512(pa, 0, m, false, n, 1.0f, in_place, n, beta, panel.data(), n);
-      // Rows [16, 56) of the packed A alone: those rows of the whole product.
-      std::vector<float> part = c0;
-      cpu::sgemm_avx512(pa, 16, 40, false, n, 1.0f, strided.data(), n + 1, beta,
-                        part.data() + 16 * n, n);
-      for (std::size_t i = 0; i < want.size(); ++i) {
-        ASSERT_EQ(packed[i], want[i]) << "packed A, ta " << ta << " beta " << beta << " at " << i;
-        ASSERT_EQ(panel[i], want[i]) << "B in place, ta " << ta << " beta " << beta << " at " << i;
-        const bool in_part = i >= 16 * n && i < 56 * n;
-        ASSERT_EQ(part[i], in_part ? want[i] : c0[i]) << "rows 16..56, ta " << ta << " at " << i;
+  if (own_paths().empty()) GTEST_SKIP() << "this CPU has neither AVX2 with FMA nor AVX-512F";
+  for (GemmPath path : own_paths()) {
+    cpu::set_gemm_path(path);
+    const std::int64_t width = cpu::gemm_panel_width(), panel = cpu::gemm_panel_rows();
+    SCOPED_TRACE(cpu::gemm_path_name(path));
+    for (bool ta : {false, true}) {
+      const std::int64_t m = 70, k = 600, n = width;
+      const std::int64_t lda = (ta ? m : k) + 1;
+      const std::vector<float> a = rand_vec(static_cast<std::size_t>((ta ? k : m) * lda), 5, 1.0f);
+      // B (k, width) twice: rows `width` floats apart and 64-byte aligned (read in place as its
+      // own packed panel), and rows width + 1 apart (packed as usual).
+      std::vector<float> storage(static_cast<std::size_t>(k * n + 16));
+      float* in_place = storage.data();
+      while (reinterpret_cast<std::uintptr_t>(in_place) % 64 != 0) ++in_place;
+      std::vector<float> strided(static_cast<std::size_t>(k * (n + 1)));
+      const std::vector<float> bv = rand_vec(static_cast<std::size_t>(k * n), 6, 1.0f);
+      for (std::int64_t p = 0; p < k; ++p)
+        for (std::int64_t j = 0; j < n; ++j)
+          in_place[p * n + j] = strided[p * (n + 1) + j] = bv[p * n + j];
+      const std::vector<float> c0 = rand_vec(static_cast<std::size_t>(m * n), 7, 1.0f);
+      for (float beta : {0.0f, 1.0f}) {
+        std::vector<float> want = c0, packed = c0, in_panel = c0;
+        cpu::own_sgemm(ta, false, m, n, k, 1.0f, a.data(), lda, strided.data(), n + 1, beta,
+                       want.data(), n);
+        const cpu::PackedA pa(ta, m, k, a.data(), lda);
+        cpu::own_sgemm(pa, 0, m, false, n, 1.0f, strided.data(), n + 1, beta, packed.data(), n);
+        cpu::own_sgemm(pa, 0, m, false, n, 1.0f, in_place, n, beta, in_panel.data(), n);
+        // Rows [2·panel, 2·panel + 40) of the packed A alone: those rows of the whole product.
+        const std::int64_t r0 = 2 * panel, r1 = r0 + 40;
+        std::vector<float> part = c0;
+        cpu::own_sgemm(pa, r0, r1 - r0, false, n, 1.0f, strided.data(), n + 1, beta,
+                       part.data() + r0 * n, n);
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          ASSERT_EQ(packed[i], want[i]) << "packed A, ta " << ta << " beta " << beta << " at " << i;
+          ASSERT_EQ(in_panel[i], want[i])
+              << "B in place, ta " << ta << " beta " << beta << " at " << i;
+          const auto row = static_cast<std::int64_t>(i) / n;
+          ASSERT_EQ(part[i], row >= r0 && row < r1 ? want[i] : c0[i]) << "row range, at " << i;
+        }
+        EXPECT_THROW(
+            cpu::own_sgemm(pa, panel / 2 + 1, 4, false, n, 1.0f, in_place, n, beta, part.data(), n),
+            std::invalid_argument);
       }
-      EXPECT_THROW(cpu::sgemm_avx512(pa, 4, 8, false, n, 1.0f, in_place, n, beta, part.data(), n),
-                   std::invalid_argument);
     }
   }
 }
@@ -196,19 +217,24 @@ TEST_F(CpuGemm, ZeroKScalesByBetaAndBetaZeroNeverReadsC) {
   }
 }
 
-TEST_F(CpuGemm, Avx512IsTheDefaultWhereTheCpuHasItAndRefusedWhereNot) {
-  if (!cpu::gemm_avx512_available()) {
-    EXPECT_EQ(cpu::gemm_path(), GemmPath::blas);
-    EXPECT_THROW(cpu::set_gemm_path(GemmPath::avx512), std::invalid_argument);
-    return;
+TEST_F(CpuGemm, TheWidestOwnPathIsTheDefaultAndAPathTheCpuLacksIsRefused) {
+  const GemmPath widest = paths().back();
+  if (std::getenv("MEMTRADE_GEMM") == nullptr && std::getenv("MEMTRADE_ISA") == nullptr) {
+    EXPECT_EQ(cpu::gemm_path(), widest);
   }
-  if (std::getenv("MEMTRADE_GEMM") == nullptr) {  // MEMTRADE_GEMM=blas chooses OpenBLAS
-    EXPECT_EQ(cpu::gemm_path(), GemmPath::avx512);
+  for (GemmPath path : {GemmPath::blas, GemmPath::avx2, GemmPath::avx512}) {
+    if (cpu::gemm_available(path)) {
+      cpu::set_gemm_path(path);
+      EXPECT_EQ(cpu::gemm_path(), path);
+    } else {
+      EXPECT_THROW(cpu::set_gemm_path(path), std::invalid_argument) << cpu::gemm_path_name(path);
+    }
   }
   cpu::set_gemm_path(GemmPath::blas);
-  EXPECT_EQ(cpu::gemm_path(), GemmPath::blas);
-  cpu::set_gemm_path(GemmPath::avx512);
-  EXPECT_EQ(cpu::gemm_path(), GemmPath::avx512);
+  EXPECT_EQ(cpu::gemm_panel_width(), 0);
+  EXPECT_THROW(
+      cpu::own_sgemm(false, false, 1, 1, 1, 1.0f, nullptr, 1, nullptr, 1, 0.0f, nullptr, 1),
+      std::logic_error);
 }
 
 }  // namespace

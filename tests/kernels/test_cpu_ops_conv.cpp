@@ -140,13 +140,14 @@ TEST_F(OpsTest, ConvTilesMatchTheReferenceWithTwoThreadsAndOne) {
   }
 }
 
-// Every GEMM path (kernels/cpu/cpu_gemm.h) through the convolution: the AVX-512 one packs the
-// weight once, writes 32-column im2col tiles in its panel form (whole ones by masked copies:
-// "same" rows of 1x1, 3x3 and 5x5 kernels, widths that do and do not divide 32) and reads them
+// Every GEMM path (kernels/cpu/cpu_gemm.h) through the convolution: the own ones pack the
+// weight once, write im2col tiles in their panel form (whole ones by masked copies:
+// "same" rows of 1x1, 3x3 and 5x5 kernels, widths that do and do not divide 32) and read them
 // in place; OpenBLAS takes the plain tiles.
 TEST_F(OpsTest, ConvOnEveryGemmPathMatchesTheReference) {
-  std::vector<cpu::GemmPath> paths{cpu::GemmPath::blas};
-  if (cpu::gemm_avx512_available()) paths.push_back(cpu::GemmPath::avx512);
+  std::vector<cpu::GemmPath> paths;
+  for (cpu::GemmPath p : {cpu::GemmPath::blas, cpu::GemmPath::avx2, cpu::GemmPath::avx512})
+    if (cpu::gemm_available(p)) paths.push_back(p);
   const cpu::GemmPath keep = cpu::gemm_path();
   for (const Conv& d : {Conv{2, 3, 20, 18, 5, 3, 1, 1}, Conv{2, 2, 12, 12, 3, 5, 1, 2},
                         Conv{2, 4, 8, 8, 6, 1, 1, 0}, Conv{2, 3, 10, 9, 4, 3, 1, 0},
