@@ -147,7 +147,22 @@ void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, std::int64_t
       zero_wrapped(d, r, a, b, row);
     }
     const OxRange ox = flat ? OxRange{} : valid_ox(d, kx);
+    // Strided fp32 rows: the output rows wholly inside [p0, p1) whose input row is in the image,
+    // [v_lo, v_hi), in one call (rows are 8-16 floats at cnn-small's strides: a call each cost
+    // more than the gather); the rest row by row below.
+    std::int64_t v_lo = 0, v_hi = 0;
+    if (!flat && f32 && ox.lo < ox.hi) {
+      v_lo = std::max((p0 + d.ow - 1) / d.ow, ceil_div(d.pad - ky, d.stride));
+      v_hi = std::min(p1 / d.ow, floor_div(d.h - 1 + d.pad - ky, d.stride) + 1);
+      if (v_lo < v_hi) {
+        const std::int64_t src =
+            base + (ci * d.h + v_lo * d.stride - d.pad + ky) * d.w - d.pad + kx + ox.lo * d.stride;
+        vec::gather_strided_rows(inp.as<float>() + src, d.stride * d.w, d.stride, row + v_lo * d.ow,
+                                 d.ow, v_hi - v_lo, ox.lo, ox.hi - ox.lo, d.ow);
+      }
+    }
     for (std::int64_t oy = p0 / d.ow; !flat && oy * d.ow < p1; ++oy) {
+      if (oy >= v_lo && oy < v_hi) continue;
       const std::int64_t a = std::max(p0 - oy * d.ow, std::int64_t{0});  // this row's [a, b)
       const std::int64_t b = std::min(p1 - oy * d.ow, d.ow);
       float* out = row + oy * d.ow;

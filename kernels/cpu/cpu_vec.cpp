@@ -130,6 +130,11 @@ void scale(const float* x, float s, float* y, std::int64_t n) {
 void gather_strided(const float* x, std::int64_t stride, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(gather_strided(x, stride, y, n));
 }
+void gather_strided_rows(const float* x, std::int64_t ldx, std::int64_t stride, float* y,
+                         std::int64_t ldy, std::int64_t rows, std::int64_t lo, std::int64_t n,
+                         std::int64_t width) {
+  MEMTRADE_VEC_DISPATCH(gather_strided_rows(x, ldx, stride, y, ldy, rows, lo, n, width));
+}
 void accumulate(const float* x, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(accumulate(x, y, n));
 }

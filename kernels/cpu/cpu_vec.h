@@ -50,6 +50,12 @@ void scale(const float* x, float s, float* y, std::int64_t n);
 // y[i] = x[i·stride]: a row of im2col for a strided convolution (stride 2 by permutes). x and y
 // do not overlap.
 void gather_strided(const float* x, std::int64_t stride, float* y, std::int64_t n);
+// Rows r < rows of a strided convolution's im2col row: y[r·ldy + i] = 0 for i < lo and
+// lo + n <= i < width, y[r·ldy + lo + j] = x[r·ldx + j·stride] for j < n (x points at each row's
+// first read). One call for all the whole output rows of a tile. x and y do not overlap.
+void gather_strided_rows(const float* x, std::int64_t ldx, std::int64_t stride, float* y,
+                         std::int64_t ldy, std::int64_t rows, std::int64_t lo, std::int64_t n,
+                         std::int64_t width);
 // y[i] += x[i]: col2im's fold. x and y do not overlap.
 void accumulate(const float* x, float* y, std::int64_t n);
 
