@@ -21,14 +21,26 @@ def test_bad_points_and_isa_are_exit_2(memtrade_bin):
     assert r.returncode == 2
 
 
+def cpu_flags():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+# What MEMTRADE_ISA=avx2 runs: memtrade's own AVX2 GEMM where the CPU has AVX2 with FMA.
+AVX2_KERNELS = ("GEMM memtrade avx2, vector loops avx2" if {"avx2", "fma"} <= cpu_flags()
+                else "GEMM BLAS, vector loops sse2")
+
+
 def test_avx2_run_names_each_sides_kernels(memtrade_bin, tmp_path):
     out = tmp_path / "peer.json"
     r = run(["--memtrade", memtrade_bin, "--points", "gpt-tiny:2", "--rounds", "1", "--steps", "2",
              "--isa", "avx2", "--json", str(out)])
     assert r.returncode == 0, r.stderr
-    assert "--isa avx2: memtrade GEMM BLAS, vector loops avx2; PyTorch oneDNN ISA AVX2" in r.stdout
+    assert f"--isa avx2: memtrade {AVX2_KERNELS}; PyTorch oneDNN ISA AVX2" in r.stdout
     doc = json.loads(out.read_text())
-    assert doc["isa"] == "avx2" and doc["memtrade_kernels"] == "GEMM BLAS, vector loops avx2"
+    assert doc["isa"] == "avx2" and doc["memtrade_kernels"] == AVX2_KERNELS
     (row,) = doc["rows"]
     assert row["model"] == "gpt-tiny" and row["batch"] == 2
     assert math.isfinite(row["ratio"]) and row["ratio"] > 0
@@ -44,6 +56,7 @@ def kernels(memtrade_bin, **env):
 
 def test_memtrade_isa_and_gemm_env_narrow_the_cpu_kernels(memtrade_bin):
     assert kernels(memtrade_bin, MEMTRADE_ISA="sse2")[0] == "GEMM BLAS, vector loops sse2"
+    assert kernels(memtrade_bin, MEMTRADE_ISA="avx2")[0] == AVX2_KERNELS
     assert kernels(memtrade_bin, MEMTRADE_ISA="avx2", MEMTRADE_GEMM="blas")[0] == \
         "GEMM BLAS, vector loops avx2"
     line, err = kernels(memtrade_bin, MEMTRADE_ISA="avx9")
