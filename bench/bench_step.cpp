@@ -9,8 +9,8 @@
 //
 // LargestGemm is a model's largest GEMM alone, the yardstick of the step's FLOP/s: as plain
 // OpenBLAS runs it (cblas_sgemm with its own threads), and (/engine) through the CPU ops' own
-// sgemm on the path the step itself runs (memtrade's AVX-512 GEMM where the CPU has it, else
-// OpenBLAS; kernels/cpu/cpu_gemm.h), split among the threads as the ops split it:
+// sgemm on the path the step itself runs (memtrade's own AVX-512 or AVX2 GEMM where the CPU has
+// it, else OpenBLAS; kernels/cpu/cpu_gemm.h), split among the threads as the ops split it:
 //   bench_step --benchmark_filter='gpt_small_fp32/|LargestGemm/gpt_small'
 //              --benchmark_enable_random_interleaving=true --benchmark_repetitions=10
 #include <benchmark/benchmark.h>

@@ -28,7 +28,7 @@ enum class Isa : std::uint8_t { sse2, avx2, avx512 };
 // The widest path this CPU supports (avx512: AVX-512F; avx2: AVX2).
 Isa best_isa();
 // The path in use: best_isa(), or a narrower one named by the environment's MEMTRADE_ISA (sse2,
-// avx2 or avx512; it also keeps the GEMM off AVX-512: kernels/cpu/cpu_gemm.h), unless set_isa
+// avx2 or avx512; it narrows the GEMM alike: kernels/cpu/cpu_gemm.h), unless set_isa
 // chose another.
 Isa isa();
 // Tests run each path: `path` must not be wider than best_isa() (throws std::invalid_argument).
