@@ -118,18 +118,15 @@ inline V vfma(V a, V b, V c) {
 inline V vmul(V a, V b) {
   return _mm256_mul_ps(a, b);
 }
-inline __m256i lane_mask(std::int64_t n) {
-  const int k = static_cast<int>(std::clamp<std::int64_t>(n, 0, 8));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+inline __m256i ymm_lanes(std::int64_t n);  // cpu_gemm_kernels.inc
 inline V vload_n(const float* p, std::int64_t n) {
-  return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lane_mask(n));
+  return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, ymm_lanes(n));
 }
 inline void vstore_n(float* p, V v, std::int64_t n) {
   if (n >= 8)
     _mm256_storeu_ps(p, v);
   else if (n > 0)
-    _mm256_maskstore_ps(p, lane_mask(n), v);
+    _mm256_maskstore_ps(p, ymm_lanes(n), v);
 }
 inline V vload_bits(const float* p, std::uint32_t bits) {
   const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
