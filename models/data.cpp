@@ -136,7 +136,7 @@ void smooth_pattern(SplitMix& rng, int size, float* out) {
       // a double), so each of its at most 4·S values is computed once, by the very expression a
       // pixel would use: the same bits, with a 1/8 to 1/32 of the sines (these were 4% of
       // cnn-small's step).
-      const std::size_t n_max = 2 * (S - 1) * 2 + 1;
+      const std::size_t n_max = 4 * (S - 1) + 1;  // n <= 2·(S − 1) + 2·(S − 1)
       double wave[4 * 512];
       const bool cached = n_max <= std::size(wave);
       for (std::size_t n = 0; cached && n < n_max; ++n)

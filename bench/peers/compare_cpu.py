@@ -18,7 +18,7 @@ one-step run of the same point, over the extra steps.
                    [--threads 2] [--cpu] [--isa native|avx2] [--json OUT]
 
 --isa avx2 emulates a CPU without AVX-512 on both sides: memtrade's vector loops and GEMM
-(MEMTRADE_ISA=avx2: its AVX2 loops and OpenBLAS), PyTorch's own kernels and oneDNN's
+(MEMTRADE_ISA=avx2: its AVX2 loops and AVX2 GEMM), PyTorch's own kernels and oneDNN's
 (ATEN_CPU_CAPABILITY=avx2, DNNL_MAX_CPU_ISA=AVX2). The table names what each side ran: memtrade's
 `--version` line for its CPU kernels, and oneDNN's ISA cap.
 
@@ -51,10 +51,17 @@ def cpu_model():
     return platform.processor() or "unknown CPU"
 
 
-def openblas_line(binary):
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
-    return next((l.split(None, 1)[1] for l in out.splitlines() if l.startswith("OpenBLAS")),
-                "OpenBLAS: not linked")
+def version_lines(binary, env):
+    """memtrade --version under env, as {library: version} ("OpenBLAS", "CPU kernels", ...)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                         env=dict(os.environ, **env)).stdout
+    names = ("OpenBLAS", "CPU kernels")  # the two-word name first, so it is not split
+    lines = {}
+    for line in out.splitlines():
+        name = next((n for n in names if line.startswith(n)), None)
+        if name:
+            lines[name] = line[len(name):].strip()
+    return lines
 
 
 # What each side's CPU kernels may use, per --isa: the environment of memtrade's runs and of
@@ -63,13 +70,6 @@ ISA_ENV = {
     "native": ({}, {}),
     "avx2": ({"MEMTRADE_ISA": "avx2"}, {"ATEN_CPU_CAPABILITY": "avx2", "DNNL_MAX_CPU_ISA": "AVX2"}),
 }
-
-
-def kernels_line(binary, env):
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True,
-                         env=dict(os.environ, **env)).stdout
-    return next((l.split(None, 2)[2] for l in out.splitlines() if l.startswith("CPU kernels")),
-                "CPU kernels: not reported")
 
 
 def children_cpu_s():
@@ -187,9 +187,11 @@ def main():
         points.append((f[0], f[1], f[2] if len(f) == 3 else "fp32"))
 
     mt_env, pt_env = ISA_ENV[args.isa]
-    kernels = kernels_line(args.memtrade, mt_env)
+    versions = version_lines(args.memtrade, mt_env)
+    openblas = versions.get("OpenBLAS", "not linked")
+    kernels = versions.get("CPU kernels", "CPU kernels: not reported")
     onednn = pt_env.get("DNNL_MAX_CPU_ISA", "the CPU's own")
-    print(f"CPU: {cpu_model()}, {args.threads} threads; OpenBLAS: {openblas_line(args.memtrade)}")
+    print(f"CPU: {cpu_model()}, {args.threads} threads; OpenBLAS: {openblas}")
     print(f"--isa {args.isa}: memtrade {kernels}; PyTorch oneDNN ISA {onednn}")
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -216,7 +218,7 @@ def main():
               f"{r['ratio']:>15.2f}{cpu_cols}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"cpu": cpu_model(), "threads": args.threads,
-                                                       "openblas": openblas_line(args.memtrade),
+                                                       "openblas": openblas,
                                                        "isa": args.isa, "memtrade_kernels": kernels,
                                                        "onednn_isa": onednn,
                                                        "rows": rows}, indent=1) + "\n")

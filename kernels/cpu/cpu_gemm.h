@@ -64,8 +64,6 @@ using AlignedFloats = std::unique_ptr<float, AlignedFree>;
 class PackedA {
  public:
   PackedA(bool trans_a, std::int64_t m, std::int64_t k, const float* a, std::int64_t lda);
-  std::int64_t m() const { return m_; }
-  std::int64_t k() const { return k_; }
 
  private:
   friend void own_sgemm(const PackedA&, std::int64_t, std::int64_t, bool, std::int64_t, float,

@@ -82,10 +82,11 @@ int split_parts(std::int64_t m, std::int64_t n, std::int64_t k) {
 #endif
 }
 
-// One single-threaded GEMM on the path in use (kernels/cpu/cpu_gemm.h).
-void cblas(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-           std::int64_t ldc) {
+// One single-threaded GEMM on the path in use (kernels/cpu/cpu_gemm.h): memtrade's own, or
+// cblas_sgemm.
+void one_sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+               float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+               float beta, float* c, std::int64_t ldc) {
   if (gemm_path() != GemmPath::blas) {
     own_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
@@ -134,17 +135,17 @@ void sgemm_blocks(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, st
       if (len <= 0) continue;
       before(rows, i0, len);
       if (rows)
-        cblas(trans_a, trans_b, len, n, k, alpha, trans_a ? a + i0 : a + i0 * lda, lda, b, ldb,
-              beta, c + i0 * ldc, ldc);
+        one_sgemm(trans_a, trans_b, len, n, k, alpha, trans_a ? a + i0 : a + i0 * lda, lda, b, ldb,
+                  beta, c + i0 * ldc, ldc);
       else
-        cblas(trans_a, trans_b, m, len, k, alpha, a, lda, trans_b ? b + i0 * ldb : b + i0, ldb,
-              beta, c + i0, ldc);
+        one_sgemm(trans_a, trans_b, m, len, k, alpha, a, lda, trans_b ? b + i0 * ldb : b + i0, ldb,
+                  beta, c + i0, ldc);
       after(rows, i0, len);
     }
     return;
   }
   before(true, std::int64_t{0}, m);
-  cblas(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  one_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #else
   before(true, std::int64_t{0}, m);
   blocked_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
