@@ -19,8 +19,9 @@ one-step run of the same point, over the extra steps.
 
 --isa avx2 emulates a CPU without AVX-512 on both sides: memtrade's vector loops and GEMM
 (MEMTRADE_ISA=avx2: its AVX2 loops and AVX2 GEMM), PyTorch's own kernels and oneDNN's
-(ATEN_CPU_CAPABILITY=avx2, DNNL_MAX_CPU_ISA=AVX2). The table names what each side ran: memtrade's
-`--version` line for its CPU kernels, and oneDNN's ISA cap.
+(ATEN_CPU_CAPABILITY=avx2, DNNL_MAX_CPU_ISA=AVX2), and PyTorch's bf16 GEMMs and convolutions on
+ATen's native kernels, where a real AVX2 CPU runs them (bench/peers/cpu_isa.py). The table names
+what each side ran: memtrade's `--version` line for its CPU kernels, and oneDNN's ISA cap.
 
 A point is MODEL:BATCH or MODEL:BATCH:PRECISION (default fp32; Adam throughout; bf16 is
 torch.autocast with PyTorch's CPU op lists on both sides:
@@ -38,6 +39,9 @@ import sys
 import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import cpu_isa  # noqa: E402
+
 DEFAULT_POINTS = "gpt-tiny:8,gpt-mini:8,gpt-small:4,mlp-small:64,cnn-small:32,gpt-mini:8:bf16"
 
 
@@ -64,12 +68,8 @@ def version_lines(binary, env):
     return lines
 
 
-# What each side's CPU kernels may use, per --isa: the environment of memtrade's runs and of
-# PyTorch's.
-ISA_ENV = {
-    "native": ({}, {}),
-    "avx2": ({"MEMTRADE_ISA": "avx2"}, {"ATEN_CPU_CAPABILITY": "avx2", "DNNL_MAX_CPU_ISA": "AVX2"}),
-}
+# What each side's CPU kernels may use, per --isa: cpu_isa.ENV (memtrade's, PyTorch's).
+ISA_ENV = cpu_isa.ENV
 
 
 def children_cpu_s():

@@ -13,6 +13,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import cpu_isa  # noqa: E402
 import memtrade_side  # noqa: E402
 
 
@@ -169,8 +170,15 @@ def run_point(spec):
             stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=cuda))
         return stack
 
+    # 16-bit work on the CPU runs on the kernels of the CPU PyTorch believes it has.
+    lowp_cpu = not cuda and (amp_dtype is not None or param_dtype != torch.float32)
+
     def step(host):
         """One optimizer step over `host`'s micro-batches; returns (mean loss, skipped)."""
+        with cpu_isa.torch_lowp() if lowp_cpu else contextlib.nullcontext():
+            return _step(host)
+
+    def _step(host):
         total = None
         for x_host, t_host in host:
             x = x_host.to(dev, non_blocking=pinned)

@@ -43,6 +43,7 @@ import pathlib
 import numpy as np
 import torch
 
+import cpu_isa
 import torch_models
 
 AUTOCAST = ("none", "cpu-bf16")
@@ -325,6 +326,12 @@ class TorchKept:
 
 def measure(model, plan, x, t, autocast="none", mallinfo=True, profiler=False):
     """All methods on one point; returns (TorchKept, SavedRecorder of method (a))."""
+    # 16-bit work on the kernels of the CPU PyTorch believes it has (cpu_isa.torch_lowp).
+    with cpu_isa.torch_lowp() if autocast != "none" else contextlib.nullcontext():
+        return _measure(model, plan, x, t, autocast, mallinfo, profiler)
+
+
+def _measure(model, plan, x, t, autocast, mallinfo, profiler):
     rec = measure_hooks(model, plan, x, t, autocast)
     kept = TorchKept(
         hooks=rec.bytes_of("activation", "input", "checkpoint_input"),

@@ -47,9 +47,12 @@ def test_avx2_run_names_each_sides_kernels(memtrade_bin, tmp_path):
 
 
 def kernels(memtrade_bin, **env):
+    """memtrade's CPU kernels under env alone (this process's own MEMTRADE_ISA and MEMTRADE_GEMM,
+    as the ISA reruns of make test set them, are not inherited)."""
     import os
+    base = {k: v for k, v in os.environ.items() if k not in ("MEMTRADE_ISA", "MEMTRADE_GEMM")}
     r = subprocess.run([memtrade_bin, "--version"], capture_output=True, text=True,
-                       env=dict(os.environ, **env))
+                       env=dict(base, **env))
     line = next(l for l in r.stdout.splitlines() if l.startswith("CPU kernels"))
     return line.split(None, 2)[2], r.stderr
 
