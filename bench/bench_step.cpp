@@ -7,11 +7,9 @@
 // time; the CPU column is the whole process's (every thread), which shows the work done even
 // when the shared machine keeps a thread waiting for a core.
 //
-// LargestGemm is a model's largest GEMM alone, the yardstick of the step's FLOP/s: as plain
-// OpenBLAS runs it (cblas_sgemm with its own threads), and (/engine) through the CPU ops' own
-// sgemm on the path the step itself runs (memtrade's own AVX-512 or AVX2 GEMM where the CPU has
-// it, else OpenBLAS; kernels/cpu/cpu_gemm.h), split among the threads as the ops split it:
-//   bench_step --benchmark_filter='gpt_small_fp32/|LargestGemm/gpt_small'
+// LargestGemm is each of the models' large GEMMs alone, on every GEMM path, one thread and two,
+// with its fraction of the FMA peak (see BM_LargestGemm):
+//   bench_step --benchmark_filter='gpt_small_fp32/|LargestGemm/gpt_small_b4/lm_head/'
 //              --benchmark_enable_random_interleaving=true --benchmark_repetitions=10
 #include <benchmark/benchmark.h>
 
@@ -22,8 +20,14 @@
 #ifdef MEMTRADE_HAVE_OPENBLAS
 #include <cblas.h>
 #endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
+#include "bench/fma_peak.h"
+#include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_ops_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 #include "kernels/device.h"
 #include "models/knobs.h"
 #include "models/model.h"
@@ -67,46 +71,109 @@ void BM_TrainStep(benchmark::State& state, const char* settings) {
       ->MeasureProcessCPUTime()                   \
       ->UseRealTime()
 
-#ifdef MEMTRADE_HAVE_OPENBLAS
-// C (M, N) = A (M, K) · Bᵀ, B (N, K): a linear layer's forward (the LM head's for a GPT).
+// One GEMM of a model's step, alone, on one GEMM path and thread count: the yardstick of the
+// step's FLOP/s. Through the CPU ops' own sgemm (split among the threads as the ops split it;
+// one thread: a single call), on the path the row names: `blas` (OpenBLAS), `avx2` or `avx512`
+// (memtrade's own, kernels/cpu/cpu_gemm.h), skipped where the CPU lacks it. `of_peak` is the
+// FLOP/s over the FMA peak of as many cores at the path's vector width (bench/fma_peak.h,
+// measured in this process: 256-bit for avx2, 512-bit for avx512; for blas, the widest the CPU
+// has under MEMTRADE_ISA, since OpenBLAS chooses its own kernels).
 void BM_LargestGemm(benchmark::State& state) {
   const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const bool trans_a = (state.range(3) & 1) != 0, trans_b = (state.range(3) & 2) != 0;
+  const auto path = static_cast<cpu::GemmPath>(state.range(4));
+  const int threads = static_cast<int>(state.range(5));
+  if (!cpu::gemm_available(path)) {
+    state.SkipWithError("this CPU lacks the GEMM path");
+    return;
+  }
   make_device("cpu");  // sets the OpenMP and OpenBLAS thread counts, as a step's device does
+#ifdef _OPENMP
+  omp_set_num_threads(threads);
+#endif
+#ifdef MEMTRADE_HAVE_OPENBLAS
+  openblas_set_num_threads(threads);
+#endif
+  const cpu::GemmPath before = cpu::gemm_path();
+  cpu::set_gemm_path(path);
   std::mt19937 g(1);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(n * k)),
       c(static_cast<std::size_t>(m * n));
   for (auto& x : a) x = d(g);
   for (auto& x : b) x = d(g);
-  const bool engine = state.range(3) != 0;
+  // trans 4: a convolution's GEMM as conv2d runs it on an own path: the weight packed once per
+  // op (PackedA), each im2col tile of `width` pixels already a B panel, read in place; C tile by
+  // tile. (On blas, the same product as one plain GEMM.)
+  const bool conv = state.range(3) == 4 && path != cpu::GemmPath::blas;
+  const std::int64_t width = conv ? cpu::gemm_panel_width() : 0;
+  cpu::AlignedFloats panels(
+      static_cast<float*>(std::aligned_alloc(64, ((n * k * 4 + 63) / 64) * 64)));
+  if (conv) std::copy(b.begin(), b.end(), panels.get());  // n / width panels of (k, width)
   for (auto _ : state) {
-    if (engine)
-      cpu::sgemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
-    else
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-                  static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), b.data(),
-                  static_cast<int>(k), 0.0f, c.data(), static_cast<int>(n));
+    if (conv) {
+      const cpu::PackedA packed(false, m, k, a.data(), k);
+      for (std::int64_t j = 0; j < n; j += width)
+        cpu::own_sgemm(packed, 0, m, false, width, 1.0f, panels.get() + j * k, width, 0.0f,
+                       c.data() + j, n);
+    } else {
+      cpu::sgemm(trans_a, trans_b, m, n, k, 1.0f, a.data(), trans_a ? m : k, b.data(),
+                 trans_b ? k : n, 0.0f, c.data(), n);
+    }
     benchmark::DoNotOptimize(c.data());
   }
-  state.counters["FLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k),
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  cpu::set_gemm_path(before);
+  const double flop = 2.0 * static_cast<double>(m * n * k);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(flop, benchmark::Counter::kIsIterationInvariantRate);
+  const bool wide = path == cpu::GemmPath::avx512 ||
+                    (path == cpu::GemmPath::blas && cpu::vec::isa() == cpu::vec::Isa::avx512);
+  static const double peak[2] = {bench::fma_peak_flops(bench::FmaIsa::avx2),
+                                 bench::fma_peak_flops(bench::FmaIsa::avx512)};
+  const double core_peak = peak[wide ? 1 : 0];
+  if (core_peak > 0.0)
+    state.counters["of_peak"] = benchmark::Counter(flop / (core_peak * threads),
+                                                   benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// gpt-small batch 4: the LM head, (B·T = 1024) × (V = 8192) × (C = 384), forward and (as
-// 8192 × 384 × 1024) the weight gradient: the same multiply-adds.
-BENCHMARK(BM_LargestGemm)
-    ->Name("LargestGemm/gpt_small_b4")
-    ->Args({1024, 8192, 384, 0})
-    ->Unit(benchmark::kMillisecond)
-    ->MeasureProcessCPUTime()
-    ->UseRealTime();
-BENCHMARK(BM_LargestGemm)
-    ->Name("LargestGemm/gpt_small_b4/engine")
-    ->Args({1024, 8192, 384, 1})
-    ->Unit(benchmark::kMillisecond)
-    ->MeasureProcessCPUTime()
-    ->UseRealTime();
-#endif
+// The large GEMMs of the `make peer` models' fp32 steps, as the linear ops call them (forward
+// C = X·Wᵀ: trans 2; the input gradient dX = dY·W: 0; the weight gradient dW = dYᵀ·X: 1), and a
+// convolution's forward as conv2d calls it (trans 4): cnn-small's widest layer, 128 channels
+// from 128·3·3 over 32 images of 8 x 8. Each on every path, one thread and two (the conv row on
+// one: conv2d splits its tiles among the threads itself).
+struct GemmShape {
+  const char* name;
+  std::int64_t m, n, k, trans;
+};
+constexpr GemmShape kLargestGemms[] = {
+    {"gpt_small_b4/lm_head", 1024, 8192, 384, 2},     // the largest: B·T × V × C
+    {"gpt_small_b4/lm_head_dx", 1024, 384, 8192, 0},  //
+    {"gpt_small_b4/lm_head_dw", 8192, 384, 1024, 1},  //
+    {"gpt_small_b4/fc", 1024, 1536, 384, 2},          // B·T × 4C × C
+    {"gpt_small_b4/proj", 1024, 384, 1536, 2},        // B·T × C × 4C
+    {"gpt_mini_b8/fc", 512, 512, 128, 2},             //
+    {"mlp_small_b64/hidden", 64, 1024, 1024, 2},      // batch × width × width
+    {"mlp_small_b64/hidden_dw", 1024, 1024, 64, 1},   //
+    {"cnn_small_b32/conv3", 128, 2048, 1152, 4},      // Cout × (B·H·W) × Cin·9
+};
+
+void register_largest_gemms() {
+  for (const GemmShape& s : kLargestGemms)
+    for (const cpu::GemmPath path :
+         {cpu::GemmPath::blas, cpu::GemmPath::avx2, cpu::GemmPath::avx512})
+      for (const int threads : {1, 2}) {
+        if (s.trans == 4 && threads > 1) continue;
+        benchmark::RegisterBenchmark(
+            (std::string("LargestGemm/") + s.name + "/" + cpu::gemm_path_name(path) +
+             "/threads:" + std::to_string(threads))
+                .c_str(),
+            BM_LargestGemm)
+            ->Args({s.m, s.n, s.k, s.trans, static_cast<std::int64_t>(path), threads})
+            ->Unit(benchmark::kMillisecond)
+            ->MeasureProcessCPUTime()
+            ->UseRealTime();
+      }
+}
 
 MEMTRADE_STEP(gpt_tiny_fp32, "model=gpt-tiny batch_size=8");
 MEMTRADE_STEP(gpt_mini_fp32, "model=gpt-mini batch_size=8");
@@ -126,4 +193,11 @@ MEMTRADE_STEP(cnn_small_fp32, "model=cnn-small batch_size=32");
 }  // namespace
 }  // namespace memtrade
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  memtrade::register_largest_gemms();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

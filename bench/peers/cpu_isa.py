@@ -22,6 +22,13 @@ ENV = {
     "native": ({}, {}),
     "avx2": ({"MEMTRADE_ISA": "avx2"}, {"ATEN_CPU_CAPABILITY": "avx2", "DNNL_MAX_CPU_ISA": "AVX2"}),
 }
+# OpenBLAS (memtrade's blas path, PyTorch's fp32 matmuls) picks its kernels by core type: on an
+# AVX2 CPU, Haswell's. Where the environment does not pin it already, the avx2 level does, for
+# both sides (an Intel AVX-512 core otherwise runs OpenBLAS's 512-bit SkylakeX kernels: measured
+# 153 against 100 GFLOP/s on one core for gpt-small's 1024x8192x384).
+if "OPENBLAS_CORETYPE" not in os.environ:
+    for side in ENV["avx2"]:
+        side["OPENBLAS_CORETYPE"] = "Haswell"
 
 # oneDNN's ISA names (dnnl_cpu_isa_t, as DNNL_MAX_CPU_ISA spells them) below avx512_core: those
 # of the CPUs that fail PyTorch's bf16 device check.

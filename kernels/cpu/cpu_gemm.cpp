@@ -25,6 +25,9 @@ namespace {
 constexpr std::int64_t kKc = 256;     // k per packed block: an AVX-512 B panel is 32 KiB
 constexpr std::int64_t kNc = 1024;    // columns per packed B block
 constexpr std::int64_t kMcMax = 128;  // rows per packed A block, on either path
+// Floats an A pack may write past its last panel (a whole 8-float store of a 6-float AVX2 panel
+// row: transpose_rows): every A buffer has them at its end.
+constexpr std::int64_t kPackSlack = 8;
 
 // n floats (at least 16, a whole number of 64-byte lines: aligned_alloc's size rule).
 AlignedFloats aligned_floats(std::int64_t n) {
@@ -36,7 +39,7 @@ AlignedFloats aligned_floats(std::int64_t n) {
 // This thread's packing buffers, 64-byte aligned, made on first use (about 1.1 MiB; host memory
 // of the engine's own, like OpenBLAS's buffers, outside the modelled device memory).
 struct Buffers {
-  AlignedFloats a = aligned_floats(kMcMax * kKc);
+  AlignedFloats a = aligned_floats(kMcMax * kKc + kPackSlack);
   AlignedFloats b = aligned_floats(kKc * kNc);
 };
 Buffers& buffers() {
@@ -227,7 +230,7 @@ PackedA::PackedA(bool trans_a, std::int64_t m, std::int64_t k, const float* a, s
     : m_(m), k_(k), path_(gemm_path()), panel_(gemm_panel_rows()) {
   if (panel_ == 0) throw std::logic_error("cpu gemm: PackedA on the BLAS path");
   rows_ = (m + panel_ - 1) / panel_ * panel_;
-  data_ = aligned_floats(rows_ * k);
+  data_ = aligned_floats(rows_ * k + kPackSlack);
   [&] { MEMTRADE_GEMM_DISPATCH(pack_whole_a(trans_a, m, k, a, lda, rows_, data_.get())); }();
 }
 

@@ -1,0 +1,105 @@
+// The FMA throughput of this CPU's cores, the peak a GEMM is measured against: independent chains
+// of fused multiply-adds (acc = acc·a + b, bounded, no denormals), enough of them to cover the
+// FMA latency on every port (4-5 cycles × 2 ports: 12 ymm chains on AVX2, 24 zmm chains on
+// AVX-512, each within the register file), timed over about 0.1 s, best of three; on `threads`
+// threads at once (each its own chains) for a whole machine's peak.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace memtrade::bench {
+
+enum class FmaIsa { avx2, avx512 };
+
+inline const char* fma_isa_name(FmaIsa isa) {
+  return isa == FmaIsa::avx2 ? "avx2" : "avx512";
+}
+
+inline bool fma_isa_available(FmaIsa isa) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return isa == FmaIsa::avx2 ? __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+                             : __builtin_cpu_supports("avx512f");
+#else
+  (void)isa;
+  return false;
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// FLOPs done by `iters` rounds of the chains (2 per lane per FMA); the sum keeps them live.
+[[gnu::target("avx2,fma"), gnu::noinline]] inline double fma_chains_avx2(std::int64_t iters,
+                                                                         float* sink) {
+  constexpr int kChains = 12;
+  __m256 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(1.0f + 0.01f * static_cast<float>(i));
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
+  for (std::int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm256_add_ps(s, acc[i]);
+  *sink = _mm256_cvtss_f32(s);
+  return 2.0 * 8 * kChains * static_cast<double>(iters);
+}
+
+[[gnu::target("avx512f"), gnu::noinline]] inline double fma_chains_avx512(std::int64_t iters,
+                                                                          float* sink) {
+  constexpr int kChains = 24;
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(1.0f + 0.01f * static_cast<float>(i));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
+  for (std::int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 24
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm512_add_ps(s, acc[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  *sink = lanes[0] + lanes[15];
+  return 2.0 * 16 * kChains * static_cast<double>(iters);
+}
+#endif
+
+// FLOP/s of FMAs on `threads` threads at once (0 where the CPU lacks the ISA).
+inline double fma_flops(FmaIsa isa, int threads, std::int64_t iters) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (!fma_isa_available(isa)) return 0.0;
+  double flops = 0.0;
+  const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+  {
+    float sink = 0.0f;
+    flops += isa == FmaIsa::avx2 ? fma_chains_avx2(iters, &sink) : fma_chains_avx512(iters, &sink);
+    if (sink == 12345.0f) flops += 1.0;  // keeps sink observable
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return flops / s;
+#else
+  (void)isa, (void)threads, (void)iters;
+  return 0.0;
+#endif
+}
+
+// The peak: best of three runs of about 0.1 s each (the iteration count is calibrated first).
+inline double fma_peak_flops(FmaIsa isa, int threads = 1) {
+  const double probe = fma_flops(isa, threads, 1 << 16);
+  if (probe <= 0.0) return 0.0;
+  const double per_iter = isa == FmaIsa::avx2 ? 2.0 * 8 * 12 : 2.0 * 16 * 24;
+  const auto iters = static_cast<std::int64_t>(std::max(1e5, 0.1 * probe / per_iter / threads));
+  double best = 0.0;
+  for (int r = 0; r < 3; ++r) best = std::max(best, fma_flops(isa, threads, iters));
+  return best;
+}
+
+}  // namespace memtrade::bench
