@@ -7,6 +7,10 @@ gradient in float64, and both must agree to 1e-5: the loss relatively, each grad
 1e-5 of its tensor's largest element plus 1e-5 of itself. llama-tiny has grouped-query heads
 (n_kv_head 2 < n_head 4) and an untied head; the tied variant, the mini size (tied, Llama 3.2's
 rope scaling), flash attention and checkpointing run through the same comparison.
+
+The bound is fp32's (a float64 reference, nothing CPU-dependent on its side); measured, the worst
+element's share of it on memtrade's AVX-512 / AVX2 / SSE2 (OpenBLAS) paths: 0.073 / 0.073 / 0.097,
+the loss 0.003 on all three.
 """
 import numpy as np
 import pytest
