@@ -55,23 +55,19 @@ void CpuOps::cast(Tensor& dst, const Tensor& src) {
 
 void CpuOps::add(Tensor& out, const Tensor& a, const Tensor& b) {
   check_binary("add", out, a, b);
-  map2(out, a, b, [](const float* x, const float* z, float* y, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] + z[i];
-  });
+  map2(out, a, b,
+       [](const float* x, const float* z, float* y, std::int64_t n) { vec::add(x, z, y, n); });
 }
 
 void CpuOps::add_inplace(Tensor& y, const Tensor& x) {
   check_binary("add_inplace", y, y, x);
-  map2(y, y, x, [](const float* a, const float* b, float* o, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
-  });
+  map2(y, y, x,
+       [](const float* a, const float* b, float* o, std::int64_t n) { vec::add(a, b, o, n); });
 }
 
 void CpuOps::scale(Tensor& t, float s) {
   check_float("scale", "t", t);
-  map1(t, t, [s](const float* x, float* y, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
-  });
+  map1(t, t, [s](const float* x, float* y, std::int64_t n) { vec::scale(x, s, y, n); });
 }
 
 void CpuOps::gelu_forward(Tensor& out, const Tensor& inp) {
@@ -88,21 +84,15 @@ void CpuOps::gelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) 
 
 void CpuOps::relu_forward(Tensor& out, const Tensor& inp) {
   check_unary("relu_forward", out, inp);
-  map1(out, inp, [](const float* x, float* y, std::int64_t n) {
-    // NaN propagates, as in torch.relu (x > 0 ? x : 0 would turn it into 0, hiding it from the
-    // loss scaler's inf/nan check).
-    for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
-  });
+  // NaN propagates, as in torch.relu (x > 0 ? x : 0 would turn it into 0, hiding it from the loss
+  // scaler's inf/nan check).
+  map1(out, inp, [](const float* x, float* y, std::int64_t n) { vec::relu_forward(x, y, n); });
 }
 
 void CpuOps::relu_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) {
   check_binary("relu_backward", dinp, dout, out);
   map2(dinp, dout, out, [](const float* g, const float* o, float* y, std::int64_t n) {
-    // g[i] read whatever o[i] says: a load the condition guards keeps GCC from vectorising.
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float gi = g[i];
-      y[i] = o[i] > 0.0f ? gi : 0.0f;
-    }
+    vec::relu_backward(g, o, y, n);
   });
 }
 

@@ -138,6 +138,15 @@ void gather_strided_rows(const float* x, std::int64_t ldx, std::int64_t stride, 
 void accumulate(const float* x, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(accumulate(x, y, n));
 }
+void add(const float* a, const float* b, float* y, std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(add(a, b, y, n));
+}
+void relu_forward(const float* x, float* y, std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(relu_forward(x, y, n));
+}
+void relu_backward(const float* g, const float* o, float* y, std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(relu_backward(g, o, y, n));
+}
 void gelu_forward(const float* x, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(gelu_forward(x, y, n));
 }

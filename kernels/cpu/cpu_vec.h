@@ -58,6 +58,12 @@ void gather_strided_rows(const float* x, std::int64_t ldx, std::int64_t stride, 
                          std::int64_t width);
 // y[i] += x[i]: col2im's fold. x and y do not overlap.
 void accumulate(const float* x, float* y, std::int64_t n);
+// y[i] = a[i] + b[i]. y may alias a or b.
+void add(const float* a, const float* b, float* y, std::int64_t n);
+// ReLU: y[i] = x[i] <= 0 ? +0 : x[i] (NaN passes, as in torch.relu); backward y[i] = o[i] > 0 ?
+// g[i] : +0 (o: the forward's output). y may alias any input.
+void relu_forward(const float* x, float* y, std::int64_t n);
+void relu_backward(const float* g, const float* o, float* y, std::int64_t n);
 
 // GELU, tanh approximation (kernels/ops.h), tanh(u) = sign(u)·(1 − e^{−2|u|}) / (1 + e^{−2|u|}):
 // y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). y may alias x.

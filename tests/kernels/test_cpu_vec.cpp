@@ -117,6 +117,27 @@ TEST_F(VecTest, EveryPathGivesTheSameBits) {
                                      vec::accumulate(x.data(), y.data(), n);
                                    }),
                                    "accumulate" + at);
+    // The element-wise ops' loops: their scalar formulas' bits on every path (NaN, ±0 included).
+    auto special = w;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (std::size_t i = 0; i < n; i += 5)
+      special[i] = i % 15 == 0 ? nan : i % 10 == 0 ? -0.0f : 0.0f;
+    for (vec::Isa p : paths()) {
+      vec::set_isa(p);
+      std::vector<float> sum(n), fwd(n), bwd(n);
+      vec::add(x.data(), special.data(), sum.data(), static_cast<std::int64_t>(n));
+      vec::relu_forward(special.data(), fwd.data(), static_cast<std::int64_t>(n));
+      vec::relu_backward(special.data(), x.data(), bwd.data(), static_cast<std::int64_t>(n));
+      for (std::size_t i = 0; i < n; ++i) {
+        SCOPED_TRACE(std::string(vec::isa_name(p)) + at + " i=" + std::to_string(i));
+        const float v = special[i];
+        EXPECT_EQ(std::bit_cast<std::uint32_t>(sum[i]), std::bit_cast<std::uint32_t>(x[i] + v));
+        EXPECT_EQ(std::bit_cast<std::uint32_t>(fwd[i]),
+                  std::bit_cast<std::uint32_t>(v <= 0.0f ? 0.0f : v));
+        EXPECT_EQ(std::bit_cast<std::uint32_t>(bwd[i]),
+                  std::bit_cast<std::uint32_t>(x[i] > 0.0f ? v : 0.0f));
+      }
+    }
     // Scalar results as floats: each double's bits in four 16-bit pieces, exact as floats.
     auto scalars = [](std::initializer_list<double> d) {
       std::vector<float> out;
