@@ -56,7 +56,7 @@ void CpuOps::batchnorm_forward(Tensor& out, Tensor& mean, Tensor& invstd, const 
     for_channel(inp, ch, [&](std::int64_t off, std::int64_t len) {
       const float* x = read_f32(inp, off, len, bx);
       float* y = dest_f32(out, off, bo);
-      for (std::int64_t j = 0; j < len; ++j) y[j] = (x[j] - m) * is * g + b;
+      vec::batchnorm_apply(x, m, is, g, b, y, len);
       write_f32(out, off, len, y);
     });
     mean.as<float>()[ch] = m;
@@ -95,7 +95,7 @@ void CpuOps::batchnorm_backward(Tensor& dinp, Tensor* dgamma, Tensor* dbeta, con
       const float* x = read_f32(inp, off, len, bx);
       const float* g = read_f32(dout, off, len, bg);
       float* y = dest_f32(dinp, off, bo);
-      for (std::int64_t j = 0; j < len; ++j) y[j] = k * (n * g[j] - sdy - (x[j] - m) * is * sdx);
+      vec::batchnorm_dx(x, g, m, is, k, n, sdy, sdx, y, len);
       write_f32(dinp, off, len, y);
     });
     if (dgamma) write1(*dgamma, ch, (accumulate ? read1(*dgamma, ch) : 0.0f) + sdx);

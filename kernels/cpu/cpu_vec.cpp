@@ -177,6 +177,14 @@ void batchnorm_backward_sums(const float* x, const float* g, float mu, float rs,
                              double& sum_g, double& sum_gx) {
   MEMTRADE_VEC_DISPATCH(batchnorm_backward_sums(x, g, mu, rs, n, sum_g, sum_gx));
 }
+void batchnorm_apply(const float* x, float mu, float rs, float gamma, float beta, float* y,
+                     std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(batchnorm_apply(x, mu, rs, gamma, beta, y, n));
+}
+void batchnorm_dx(const float* x, const float* g, float mu, float rs, float k, float count,
+                  float sum_g, float sum_gx, float* y, std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(batchnorm_dx(x, g, mu, rs, k, count, sum_g, sum_gx, y, n));
+}
 void bf16_to_f32(const std::uint16_t* src, float* dst, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(bf16_to_f32(src, dst, n));
 }

@@ -101,5 +101,11 @@ void optimizer_step(const OptimizerScalars& a, const float* p_in, const float* g
 // added to sum_g and sum_gx.
 void batchnorm_backward_sums(const float* x, const float* g, float mu, float rs, std::int64_t n,
                              double& sum_g, double& sum_gx);
+// Batch-norm's element passes, fp32 in this order: forward y = (x − mu)·rs·gamma + beta;
+// backward dx = k·(count·g − sum_g − (x − mu)·rs·sum_gx). y may alias x (or g).
+void batchnorm_apply(const float* x, float mu, float rs, float gamma, float beta, float* y,
+                     std::int64_t n);
+void batchnorm_dx(const float* x, const float* g, float mu, float rs, float k, float count,
+                  float sum_g, float sum_gx, float* y, std::int64_t n);
 
 }  // namespace memtrade::cpu::vec

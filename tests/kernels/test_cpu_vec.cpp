@@ -128,6 +128,11 @@ TEST_F(VecTest, EveryPathGivesTheSameBits) {
       vec::add(x.data(), special.data(), sum.data(), static_cast<std::int64_t>(n));
       vec::relu_forward(special.data(), fwd.data(), static_cast<std::int64_t>(n));
       vec::relu_backward(special.data(), x.data(), bwd.data(), static_cast<std::int64_t>(n));
+      std::vector<float> bn(n), dx(n);
+      vec::batchnorm_apply(w.data(), 0.1f, 1.7f, 0.9f, -0.2f, bn.data(),
+                           static_cast<std::int64_t>(n));
+      vec::batchnorm_dx(w.data(), g.data(), 0.1f, 1.7f, 0.03f, 64.0f, 1.5f, -2.5f, dx.data(),
+                        static_cast<std::int64_t>(n));
       for (std::size_t i = 0; i < n; ++i) {
         SCOPED_TRACE(std::string(vec::isa_name(p)) + at + " i=" + std::to_string(i));
         const float v = special[i];
@@ -136,6 +141,11 @@ TEST_F(VecTest, EveryPathGivesTheSameBits) {
                   std::bit_cast<std::uint32_t>(v <= 0.0f ? 0.0f : v));
         EXPECT_EQ(std::bit_cast<std::uint32_t>(bwd[i]),
                   std::bit_cast<std::uint32_t>(x[i] > 0.0f ? v : 0.0f));
+        EXPECT_EQ(std::bit_cast<std::uint32_t>(bn[i]),
+                  std::bit_cast<std::uint32_t>((w[i] - 0.1f) * 1.7f * 0.9f + -0.2f));
+        EXPECT_EQ(std::bit_cast<std::uint32_t>(dx[i]),
+                  std::bit_cast<std::uint32_t>(
+                      0.03f * (64.0f * g[i] - 1.5f - (w[i] - 0.1f) * 1.7f * -2.5f)));
       }
     }
     // Scalar results as floats: each double's bits in four 16-bit pieces, exact as floats.
