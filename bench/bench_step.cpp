@@ -78,6 +78,8 @@ void BM_TrainStep(benchmark::State& state, const char* settings) {
 // FLOP/s over the FMA peak of as many cores at the path's vector width (bench/fma_peak.h,
 // measured in this process: 256-bit for avx2, 512-bit for avx512; for blas, the widest the CPU
 // has under MEMTRADE_ISA, since OpenBLAS chooses its own kernels).
+constexpr std::int64_t kConvPixels = 64;  // the conv row's images: 8 x 8
+
 void BM_LargestGemm(benchmark::State& state) {
   const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const bool trans_a = (state.range(3) & 1) != 0, trans_b = (state.range(3) & 2) != 0;
@@ -102,20 +104,29 @@ void BM_LargestGemm(benchmark::State& state) {
       c(static_cast<std::size_t>(m * n));
   for (auto& x : a) x = d(g);
   for (auto& x : b) x = d(g);
-  // trans 4: a convolution's GEMM as conv2d runs it on an own path: the weight packed once per
-  // op (PackedA), each im2col tile of `width` pixels already a B panel, read in place; C tile by
-  // tile. (On blas, the same product as one plain GEMM.)
-  const bool conv = state.range(3) == 4 && path != cpu::GemmPath::blas;
-  const std::int64_t width = conv ? cpu::gemm_panel_width() : 0;
+  // trans 4: a convolution's GEMM as conv2d runs it, one image of kConvPixels pixels at a time
+  // (C: its (m, pixels) output plane). On an own path the weight is packed once per op
+  // (PackedA) and each im2col tile of `width` pixels is already a B panel, read in place; on blas
+  // each image is one GEMM.
+  const bool conv = state.range(3) == 4;
+  const bool own = path != cpu::GemmPath::blas;
+  const std::int64_t width = conv && own ? cpu::gemm_panel_width() : 0;
   cpu::AlignedFloats panels(
       static_cast<float*>(std::aligned_alloc(64, ((n * k * 4 + 63) / 64) * 64)));
   if (conv) std::copy(b.begin(), b.end(), panels.get());  // n / width panels of (k, width)
   for (auto _ : state) {
-    if (conv) {
+    if (conv && own) {
       const cpu::PackedA packed(false, m, k, a.data(), k);
-      for (std::int64_t j = 0; j < n; j += width)
-        cpu::own_sgemm(packed, 0, m, false, width, 1.0f, panels.get() + j * k, width, 0.0f,
-                       c.data() + j, n);
+      for (std::int64_t img = 0; img < n / kConvPixels; ++img)
+        for (std::int64_t j = 0; j < kConvPixels; j += width)
+          cpu::own_sgemm(packed, 0, m, false, width, 1.0f,
+                         panels.get() + (img * kConvPixels + j) * k, width, 0.0f,
+                         c.data() + img * m * kConvPixels + j, kConvPixels);
+    } else if (conv) {
+      for (std::int64_t img = 0; img < n / kConvPixels; ++img)
+        cpu::sgemm(false, false, m, kConvPixels, k, 1.0f, a.data(), k,
+                   b.data() + img * kConvPixels * k, kConvPixels, 0.0f,
+                   c.data() + img * m * kConvPixels, kConvPixels);
     } else {
       cpu::sgemm(trans_a, trans_b, m, n, k, 1.0f, a.data(), trans_a ? m : k, b.data(),
                  trans_b ? k : n, 0.0f, c.data(), n);
