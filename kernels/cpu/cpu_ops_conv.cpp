@@ -243,6 +243,8 @@ void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, f
           const float* src = row + oy * d.ow;
           if (d.stride == 1) {
             vec::accumulate(src + ox.lo, plane + dst + ox.lo, ox.hi - ox.lo);
+          } else if (d.stride == 2) {
+            vec::accumulate_stride2(src + ox.lo, plane + dst + 2 * ox.lo, ox.hi - ox.lo);
           } else {
             for (std::int64_t i = ox.lo; i < ox.hi; ++i) plane[dst + i * d.stride] += src[i];
           }

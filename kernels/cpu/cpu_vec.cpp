@@ -138,6 +138,9 @@ void gather_strided_rows(const float* x, std::int64_t ldx, std::int64_t stride, 
 void accumulate(const float* x, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(accumulate(x, y, n));
 }
+void accumulate_stride2(const float* x, float* y, std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(accumulate_stride2(x, y, n));
+}
 void add(const float* a, const float* b, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(add(a, b, y, n));
 }

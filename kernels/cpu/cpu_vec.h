@@ -58,6 +58,9 @@ void gather_strided_rows(const float* x, std::int64_t ldx, std::int64_t stride, 
                          std::int64_t width);
 // y[i] += x[i]: col2im's fold. x and y do not overlap.
 void accumulate(const float* x, float* y, std::int64_t n);
+// y[2i] += x[i] for i < n: the fold of a stride-2 convolution. Only those floats of y change
+// (the ones between are rewritten with their own bits), and none past y[2n − 2] is touched.
+void accumulate_stride2(const float* x, float* y, std::int64_t n);
 // y[i] = a[i] + b[i]. y may alias a or b.
 void add(const float* a, const float* b, float* y, std::int64_t n);
 // ReLU: y[i] = x[i] <= 0 ? +0 : x[i] (NaN passes, as in torch.relu); backward y[i] = o[i] > 0 ?

@@ -117,6 +117,17 @@ TEST_F(VecTest, EveryPathGivesTheSameBits) {
                                      vec::accumulate(x.data(), y.data(), n);
                                    }),
                                    "accumulate" + at);
+    for (vec::Isa p : paths()) {  // the stride-2 fold: y[2i] += x[i], nothing else changes
+      vec::set_isa(p);
+      auto y = w;
+      y.resize(2 * n + 1, 7.0f);
+      auto want = y;
+      for (std::size_t i = 0; i < n; ++i) want[2 * i] += x[i];
+      const float sentinel = std::bit_cast<float>(0x7fc00123u);  // must stay untouched
+      y[2 * n - 1] = want[2 * n - 1] = sentinel;
+      vec::accumulate_stride2(x.data(), y.data(), static_cast<std::int64_t>(n));
+      EXPECT_EQ(bits(y), bits(want)) << "accumulate_stride2" << at << " on " << vec::isa_name(p);
+    }
     // The element-wise ops' loops: their scalar formulas' bits on every path (NaN, ±0 included).
     auto special = w;
     const float nan = std::numeric_limits<float>::quiet_NaN();
