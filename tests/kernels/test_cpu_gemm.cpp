@@ -6,15 +6,18 @@
 // change results) nor on the vector width (AVX2 and AVX-512 agree bit for bit).
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_ops_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 #include "tests/kernels/test_cpu_ops_common.h"
 
 namespace memtrade::test {
@@ -235,6 +238,28 @@ TEST_F(CpuGemm, TheWidestOwnPathIsTheDefaultAndAPathTheCpuLacksIsRefused) {
   EXPECT_THROW(
       cpu::own_sgemm(false, false, 1, 1, 1, 1.0f, nullptr, 1, nullptr, 1, 0.0f, nullptr, 1),
       std::logic_error);
+}
+
+// What this run's CPU kernels are, printed for the log, and held to MEMTRADE_ISA: the ISA reruns
+// of make test (ctest's isa_avx2_*, isa_sse2_*) are only worth running if the cap took effect.
+TEST(CpuKernels, ThePathsInUseFollowMemtradeIsa) {
+  const char* env = std::getenv("MEMTRADE_ISA");
+  const std::string cap = env ? env : "";
+  std::printf("CPU kernels in use: vector loops %s (best %s), GEMM %s; MEMTRADE_ISA=%s\n",
+              cpu::vec::isa_name(cpu::vec::isa()), cpu::vec::isa_name(cpu::vec::best_isa()),
+              cpu::gemm_path_name(cpu::gemm_path()), cap.empty() ? "(unset)" : cap.c_str());
+  const bool gemm_env = std::getenv("MEMTRADE_GEMM") != nullptr;
+  if (cap == "sse2") {
+    EXPECT_EQ(cpu::vec::isa(), cpu::vec::Isa::sse2);
+    EXPECT_EQ(cpu::gemm_path(), GemmPath::blas);
+  } else if (cap == "avx2" && cpu::vec::best_isa() != cpu::vec::Isa::sse2) {
+    EXPECT_EQ(cpu::vec::isa(), cpu::vec::Isa::avx2);
+    if (!gemm_env && cpu::gemm_available(GemmPath::avx2)) {
+      EXPECT_EQ(cpu::gemm_path(), GemmPath::avx2);
+    }
+  } else if (cap.empty()) {
+    EXPECT_EQ(cpu::vec::isa(), cpu::vec::best_isa());
+  }
 }
 
 }  // namespace

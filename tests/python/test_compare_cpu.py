@@ -65,3 +65,24 @@ def test_memtrade_isa_and_gemm_env_narrow_the_cpu_kernels(memtrade_bin):
     line, err = kernels(memtrade_bin, MEMTRADE_ISA="avx9")
     assert "MEMTRADE_ISA=avx9 ignored (sse2, avx2 or avx512)" in err
     assert line == kernels(memtrade_bin)[0]  # the default: the CPU's best
+
+
+def test_the_isa_caps_of_this_run_are_in_effect(memtrade_bin):
+    """What the environment caps (the ISA rerun of make test sets MEMTRADE_ISA, ATEN_CPU_CAPABILITY
+    and DNNL_MAX_CPU_ISA) is what runs: memtrade's kernels say so, and PyTorch's 16-bit work runs
+    on the kernels of a CPU without AVX-512 (oneDNN, capped, would refuse it)."""
+    import os
+    import torch
+    sys.path.insert(0, str(ROOT / "bench" / "peers"))
+    import cpu_isa
+    cap = os.environ.get("MEMTRADE_ISA")
+    line = kernels(memtrade_bin, **({"MEMTRADE_ISA": cap} if cap else {}))[0]
+    print(f"memtrade: {line}; {cpu_isa.describe()}")
+    if cap == "avx2":
+        assert line == AVX2_KERNELS
+    if os.environ.get("DNNL_MAX_CPU_ISA", "").upper() == "AVX2":
+        assert cpu_isa.torch_without_avx512()
+    x = torch.randn(4, 8).bfloat16()
+    with cpu_isa.torch_lowp():
+        y = torch.nn.functional.linear(x, torch.randn(3, 8).bfloat16())
+    assert y.dtype == torch.bfloat16 and y.shape == (4, 3)
