@@ -60,8 +60,8 @@ bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
   return std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
 }
 
-// Refuses a run whose output (--out, --csv, --trace) would overwrite one of its inputs: the grid
-// file, or a point's model config file.
+// Refuses a run whose output (--out, --csv, --trace) would overwrite one of its inputs (the grid
+// file, a point's model config file) or another of its outputs.
 void refuse_overwriting_inputs(const std::vector<std::pair<std::string, std::string>>& outputs,
                                const std::string& grid_path, const Grid& g) {
   std::vector<std::pair<std::string, std::string>> inputs;
@@ -73,6 +73,12 @@ void refuse_overwriting_inputs(const std::vector<std::pair<std::string, std::str
       if (!out.empty() && same_file(out, in))
         throw BadInput(fmt::format("{} {} is this run's {} file: refusing to overwrite it", flag,
                                    echo(out, kEchoPathMax), what));
+  for (std::size_t i = 0; i < outputs.size(); ++i)
+    for (std::size_t j = i + 1; j < outputs.size(); ++j)
+      if (!outputs[i].second.empty() && same_file(outputs[i].second, outputs[j].second))
+        throw BadInput(fmt::format("{} and {} name one file ({}): give each its own",
+                                   outputs[i].first, outputs[j].first,
+                                   echo(outputs[i].second, kEchoPathMax)));
 }
 
 // Resolves "auto" without creating a device (the parent must not hold a CUDA context).
@@ -403,12 +409,15 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
   exp->add_option("results", export_in, "Results file")->required();
   exp->add_option("-o,--out", export_out, "CSV file (default: stdout)");
   cmds.add(exp, [&export_in, &export_out] {
+    if (!export_out.empty() && same_file(export_in, export_out))
+      throw BadInput(fmt::format("export: --out {} is the results file: refusing to overwrite it",
+                                 echo(export_out, kEchoPathMax)));
     std::string csv = results_csv(load_results_file(export_in));
     if (export_out.empty()) {
       fmt::print("{}", csv);
     } else {
       std::ofstream out(export_out);
-      if (!out) throw BadInput("export: cannot write " + export_out);
+      if (!out) throw BadInput("export: cannot write " + echo(export_out, kEchoPathMax));
       out << csv;
     }
     return 0;

@@ -183,6 +183,17 @@ TEST(Hardening, OutputNeverOverwritesAnInput) {
   write_file(dir.file("g.toml"), "[run]\nbackend = \"cpu\"\n[axes]\nmodel = [\"mlp-tiny\"]\n");
   expect_bad_input("run --grid " + dir.file("g.toml") + " --out " + dir.file("g.toml"), "--out");
   expect_bad_input("run --grid " + dir.file("g.toml") + " --csv " + dir.file("g.toml"), "--csv");
+  expect_bad_input("run --grid " + dir.file("g.toml") + " --out " + dir.file("r.json") + " --csv " +
+                       dir.file("r.json"),
+                   "--out and --csv name one file");
+  ASSERT_EQ(
+      run_cli("run --grid " + dir.file("g.toml") + " --steps 1 --quiet --out " + dir.file("r.json"))
+          .rc,
+      0);
+  const std::string results = read_file(dir.file("r.json"));
+  expect_bad_input("export " + dir.file("r.json") + " -o " + dir.file("r.json"),
+                   "refusing to overwrite it");
+  EXPECT_EQ(read_file(dir.file("r.json")), results);
 }
 
 double loss_last(const std::string& lr) {
