@@ -162,11 +162,17 @@ std::uint64_t fnv1a(const std::string& s, std::uint64_t h = 1469598103934665603u
 }  // namespace
 
 std::optional<double> parse_duration_text(std::string_view text) {
+  const auto trim = [](std::string_view t) {
+    while (!t.empty() && t.front() == ' ') t.remove_prefix(1);
+    while (!t.empty() && t.back() == ' ') t.remove_suffix(1);
+    return t;
+  };
+  text = trim(text);
   double number = 0;
   const char* end = text.data() + text.size();
   auto [p, ec] = std::from_chars(text.data(), end, number);
   if (ec != std::errc()) return std::nullopt;
-  const std::string_view unit(p, static_cast<std::size_t>(end - p));
+  const std::string_view unit = trim(std::string_view(p, static_cast<std::size_t>(end - p)));
   const double scale = unit == "s" || unit.empty() ? 1
                        : unit == "ms"              ? 1e-3
                        : unit == "m"               ? 60

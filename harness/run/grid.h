@@ -27,8 +27,8 @@ inline constexpr double kMaxTimeoutS = 7 * 24 * 3600.0;
 // in memory, and each point runs in a process of its own (100,000 one-second points: a day).
 inline constexpr std::int64_t kMaxGridPoints = 100'000;
 
-// A duration: "120s", "5m", "1.5h", "250ms" or a number of seconds (up to kMaxTimeoutS);
-// nullopt when the text is not one.
+// A duration: "120s", "5m", "1.5h", "250ms" (spaces around the unit allowed) or a number of
+// seconds, read whole, up to kMaxTimeoutS; nullopt when the text is not one ("5s extra").
 std::optional<double> parse_duration_text(std::string_view text);
 // A count of steps in [min, kMaxSteps] (warmup 0, steps 1); nullopt when the text is not one.
 std::optional<int> parse_steps_text(std::string_view text, int min);

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "fixtures/gate_fixtures.h"
+#include "harness/run/grid.h"
 
 namespace memtrade {
 namespace {
@@ -194,6 +195,25 @@ TEST(Hardening, OutputNeverOverwritesAnInput) {
   expect_bad_input("export " + dir.file("r.json") + " -o " + dir.file("r.json"),
                    "refusing to overwrite it");
   EXPECT_EQ(read_file(dir.file("r.json")), results);
+}
+
+TEST(Hardening, DurationsStepsAndNamesAreReadWhole) {
+  EXPECT_EQ(parse_duration_text("120s"), 120.0);
+  EXPECT_EQ(parse_duration_text("5 m"), 300.0);
+  EXPECT_EQ(parse_duration_text("250ms"), 0.25);
+  EXPECT_EQ(parse_duration_text("90"), 90.0);
+  for (const char* bad :
+       {"5s extra", "", "s", "nan", "inf", "-1s", "0", "1e400", "8 days", "605000s", "5x"})
+    EXPECT_EQ(parse_duration_text(bad), std::nullopt) << bad;
+  EXPECT_EQ(parse_steps_text("8", 1), 8);
+  EXPECT_EQ(parse_steps_text("0", 0), 0);
+  for (const char* bad : {"0", "-1", "4294967297", "2147483648", "1000001", "1e3", "8 steps", ""})
+    EXPECT_EQ(parse_steps_text(bad, 1), std::nullopt) << bad;
+  for (const char* good : {"smoke", "gpu-check", "exhaustive-gpt-tiny", "a.b_c+d", "x:y=1"})
+    EXPECT_TRUE(valid_grid_name(good)) << good;
+  for (const char* bad : {"", "../../escaped", "a/b", ".hidden", "..", "a\\b", "new\nline"})
+    EXPECT_FALSE(valid_grid_name(bad)) << bad;
+  EXPECT_FALSE(valid_grid_name(std::string(129, 'n')));
 }
 
 double loss_last(const std::string& lr) {
