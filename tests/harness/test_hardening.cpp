@@ -76,6 +76,10 @@ TEST(Hardening, EchoedValuesAreEscapedAndBounded) {
   expect_bad_input("run --model " + std::string(100000, 'm') + " --list", "(100000 bytes)");
   write_file(dir.file("key.toml"), "[axes]\n\"col\\nour\" = [1]\n");
   expect_bad_input("run --grid " + dir.file("key.toml") + " --list", "'col\\nour'");
+  expect_bad_input("advise --backend cpu --model mlp-tiny --capacity 1GiB --hold 'a\nb'",
+                   "--hold: 'a\\nb'");
+  expect_bad_input("advise --backend cpu --model mlp-tiny --capacity 1GiB --margin 'x\ny'",
+                   "--margin: cannot parse 'x\\ny'");
   // No range bound of 309 digits.
   expect_bad_input("run --model mlp-tiny --lr abc --list",
                    "--lr: expected a number >= 0 that a float holds (up to 3.4e38), got 'abc'");
