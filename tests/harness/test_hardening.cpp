@@ -80,6 +80,12 @@ TEST(Hardening, EchoedValuesAreEscapedAndBounded) {
                    "--hold: 'a\\nb'");
   expect_bad_input("advise --backend cpu --model mlp-tiny --capacity 1GiB --margin 'x\ny'",
                    "--margin: cannot parse 'x\\ny'");
+  expect_bad_input("run --grid 'x\ny.toml' --list", "x\\ny.toml: cannot read grid file");
+  // Messages CLI11 words itself (an unexpected argument) are kept to one bounded line too.
+  const CliResult cli11 = run_cli("run --list 'stray\n" + std::string(100000, 's') + "'");
+  EXPECT_EQ(cli11.rc, 2);
+  EXPECT_EQ(std::count(cli11.err.begin(), cli11.err.end(), '\n'), 1) << cli11.err.substr(0, 300);
+  EXPECT_LT(cli11.err.size(), 1200u);
   // No range bound of 309 digits.
   expect_bad_input("run --model mlp-tiny --lr abc --list",
                    "--lr: expected a number >= 0 that a float holds (up to 3.4e38), got 'abc'");
