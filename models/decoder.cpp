@@ -20,6 +20,22 @@ constexpr Op norm_op(const RmsNorm&) {
 
 }  // namespace
 
+std::optional<std::string> above_bound(std::string_view key, std::int64_t value,
+                                       const DecoderBound& bound) {
+  if (value <= bound.max) return std::nullopt;
+  return fmt::format("{} {} is above memtrade's bound of {} ({})", key, value, bound.max,
+                     bound.what);
+}
+
+template <typename Norm, typename Mlp>
+void DecoderModel<Norm, Mlp>::check_bounds(
+    const std::string& name,
+    std::initializer_list<std::tuple<std::string_view, std::int64_t, DecoderBound>> sizes) {
+  for (const auto& [key, value, bound] : sizes)
+    if (auto problem = above_bound(key, value, bound))
+      throw std::invalid_argument(fmt::format("{}: {}", name, *problem));
+}
+
 template <typename Norm, typename Mlp>
 void DecoderModel<Norm, Mlp>::set_sequence(const std::string& name, int seq_len, int block_size,
                                            int vocab_size) {

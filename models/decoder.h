@@ -16,6 +16,11 @@
 // input), "lnf" (the head GEMM's input), the logits and the targets (layers/loss.h).
 #pragma once
 
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "models/block_model.h"
@@ -27,6 +32,26 @@
 #include "models/layers/rmsnorm.h"
 
 namespace memtrade {
+
+// Sanity bounds on a decoder's sizes, wherever they come from (the size table, an override, a
+// config file). Each is far above every published model (the largest is noted), so that no real
+// configuration meets one, while a typo (n_layer=2000000000) is one line and exit 2 instead of
+// a model of billions of layers that hangs and then runs out of host memory.
+struct DecoderBound {
+  std::string_view what;
+  std::int64_t max;
+};
+inline constexpr DecoderBound kMaxLayers{"layers", 4096};             // Llama 3.1 405B: 126
+inline constexpr DecoderBound kMaxHeads{"attention heads", 4096};     // 128
+inline constexpr DecoderBound kMaxHidden{"hidden size", 1 << 17};     // 16384 (GPT-3: 12288)
+inline constexpr DecoderBound kMaxIntermediate{"MLP size", 1 << 20};  // 53248
+inline constexpr DecoderBound kMaxVocab{"vocabulary", 1 << 24};       // 256000 (Gemma)
+inline constexpr DecoderBound kMaxPositions{"positions", 1 << 24};    // 1048576 (1M-token Llamas)
+
+// What is wrong with `value` of `key` under `bound` ("n_layer 2000000000 is above memtrade's
+// bound of 4096 (layers)"), or nullopt.
+std::optional<std::string> above_bound(std::string_view key, std::int64_t value,
+                                       const DecoderBound& bound);
 
 template <typename Norm, typename Mlp>
 class DecoderModel : public BlockModel {
@@ -51,6 +76,11 @@ class DecoderModel : public BlockModel {
   // Checks seq_len against block_size (0 = block_size) and keeps the sequence shape; throws
   // std::invalid_argument naming the model.
   void set_sequence(const std::string& name, int seq_len, int block_size, int vocab_size);
+  // Checks each (key, value, bound) before anything is built; throws std::invalid_argument
+  // naming the model and the key.
+  static void check_bounds(
+      const std::string& name,
+      std::initializer_list<std::tuple<std::string_view, std::int64_t, DecoderBound>> sizes);
 
   Tensor stem_forward(LayerCtx& c, const Tensor& input) final;
   Tensor block_forward(LayerCtx& c, int block, const Tensor& x) final;

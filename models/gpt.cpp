@@ -21,6 +21,11 @@ const std::vector<HyperField<GptConfig>>& gpt_hyper_fields() {
 }
 
 GptModel::GptModel(GptConfig cfg) : cfg_(std::move(cfg)) {
+  check_bounds(cfg_.name, {{"n_layer", cfg_.n_layer, kMaxLayers},
+                           {"n_head", cfg_.n_head, kMaxHeads},
+                           {"n_embd", cfg_.n_embd, kMaxHidden},
+                           {"vocab_size", cfg_.vocab_size, kMaxVocab},
+                           {"block_size", cfg_.block_size, kMaxPositions}});
   set_sequence(cfg_.name, cfg_.seq_len, cfg_.block_size, cfg_.vocab_size);
   cfg_.seq_len = static_cast<int>(rows_per_sample());
   if (cfg_.n_embd % cfg_.n_head != 0)

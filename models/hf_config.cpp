@@ -1,14 +1,18 @@
 #include "models/hf_config.h"
 
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "models/input_text.h"
 #include "models/sha256.h"
 
 namespace memtrade {
@@ -20,6 +24,21 @@ using nlohmann::json;
   throw std::invalid_argument(what);
 }
 
+// A JSON integer as int64 (nullopt for anything else, or one beyond int64).
+std::optional<std::int64_t> as_int64(const json& v) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      return std::nullopt;
+    return static_cast<std::int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<std::int64_t>();
+  return std::nullopt;
+}
+
+// No bound beyond what an int holds (a value the model does not size itself by).
+constexpr DecoderBound kAnyInt{"", std::numeric_limits<int>::max()};
+
 // The keys of one architecture, read with their types checked.
 class Keys {
  public:
@@ -27,46 +46,49 @@ class Keys {
 
   bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
 
-  int positive_int(const char* key) const {
+  // A positive integer up to `bound` (range-checked before it is narrowed to an int).
+  int positive_int(const char* key, const DecoderBound& bound = kAnyInt) const {
     if (!has(key)) fail(fmt::format("missing key '{}' (required for {})", key, arch_));
     const json& v = j_.at(key);
-    if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > INT32_MAX)
-      fail(fmt::format("key '{}' must be a positive integer, got {}", key, v.dump()));
-    return v.get<int>();
+    const auto i = as_int64(v);
+    if (!i || *i < 1 || (bound.what.empty() && *i > bound.max))
+      fail(fmt::format("key '{}' must be a positive integer, got {}", key, echo_json(v)));
+    if (auto problem = above_bound(fmt::format("key '{}'", key), *i, bound)) fail(*problem);
+    return static_cast<int>(*i);
   }
-  int positive_int(const char* key, int fallback) const {
-    return has(key) ? positive_int(key) : fallback;
+  int positive_int(const char* key, int fallback, const DecoderBound& bound = kAnyInt) const {
+    return has(key) ? positive_int(key, bound) : fallback;
   }
   double positive_number(const char* key, double fallback) const {
     if (!has(key)) return fallback;
     const json& v = j_.at(key);
     if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
-      fail(fmt::format("key '{}' must be a positive number, got {}", key, v.dump()));
+      fail(fmt::format("key '{}' must be a positive number, got {}", key, echo_json(v)));
     return v.get<double>();
   }
   double number(const char* key, double fallback) const {
     if (!has(key)) return fallback;
     if (!j_.at(key).is_number())
-      fail(fmt::format("key '{}' must be a number, got {}", key, j_.at(key).dump()));
+      fail(fmt::format("key '{}' must be a number, got {}", key, echo_json(j_.at(key))));
     return j_.at(key).get<double>();
   }
   bool boolean(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
     if (!j_.at(key).is_boolean())
-      fail(fmt::format("key '{}' must be true or false, got {}", key, j_.at(key).dump()));
+      fail(fmt::format("key '{}' must be true or false, got {}", key, echo_json(j_.at(key))));
     return j_.at(key).get<bool>();
   }
   std::string text(const char* key, const std::string& fallback) const {
     if (!has(key)) return fallback;
     if (!j_.at(key).is_string())
-      fail(fmt::format("key '{}' must be a string, got {}", key, j_.at(key).dump()));
+      fail(fmt::format("key '{}' must be a string, got {}", key, echo_json(j_.at(key))));
     return j_.at(key).get<std::string>();
   }
   // A key whose other values change the math memtrade does not model.
   template <typename T>
   void require(const char* key, T supported, T value, std::string_view why) const {
     if (value != supported)
-      fail(fmt::format("unsupported {} {} ({})", key, json(value).dump(), why));
+      fail(fmt::format("unsupported {} {} ({})", key, echo_json(json(value)), why));
   }
 
  private:
@@ -75,14 +97,15 @@ class Keys {
 };
 
 Llama3RopeScaling llama3_scaling(const json& s) {
-  if (!s.is_object()) fail(fmt::format("rope_scaling must be an object or null, got {}", s.dump()));
+  if (!s.is_object())
+    fail(fmt::format("rope_scaling must be an object or null, got {}", echo_json(s)));
   const Keys k(s, "rope_scaling");
   // HF reads "rope_type", and the older "type".
   const std::string type = k.text("rope_type", k.text("type", ""));
   if (type == "default") return {};
   if (type != "llama3")
     fail(fmt::format("unsupported rope_scaling type '{}' (memtrade implements llama3 and default)",
-                     type));
+                     echo(type)));
   Llama3RopeScaling r;
   for (const char* key :
        {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
@@ -99,17 +122,18 @@ LlamaConfig llama_from(const json& j, const ConfigFile& file) {
   LlamaConfig c;
   c.name = file.name;
   c.file = file;
-  c.n_embd = k.positive_int("hidden_size");
-  c.n_layer = k.positive_int("num_hidden_layers");
-  c.n_head = k.positive_int("num_attention_heads");
-  c.intermediate_size = k.positive_int("intermediate_size");
-  c.vocab_size = k.positive_int("vocab_size");
-  c.block_size = k.positive_int("max_position_embeddings");
-  c.n_kv_head = k.positive_int("num_key_value_heads", c.n_head);
+  c.n_embd = k.positive_int("hidden_size", kMaxHidden);
+  c.n_layer = k.positive_int("num_hidden_layers", kMaxLayers);
+  c.n_head = k.positive_int("num_attention_heads", kMaxHeads);
+  c.intermediate_size = k.positive_int("intermediate_size", kMaxIntermediate);
+  c.vocab_size = k.positive_int("vocab_size", kMaxVocab);
+  c.block_size = k.positive_int("max_position_embeddings", kMaxPositions);
+  c.n_kv_head = k.positive_int("num_key_value_heads", c.n_head, kMaxHeads);
   c.rope_theta = k.positive_number("rope_theta", 10000.0);
   c.norm_eps = k.positive_number("rms_norm_eps", 1e-6);
   c.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
-  if (k.has("head_dim") && k.positive_int("head_dim") * c.n_head != c.n_embd)
+  // heads × head_dim in 64 bits: in an int, 4 × 1073741840 wraps to 64.
+  if (k.has("head_dim") && std::int64_t{k.positive_int("head_dim")} * c.n_head != c.n_embd)
     fail(
         fmt::format("unsupported head_dim {}: memtrade's Llama has hidden_size / "
                     "num_attention_heads = {}/{}",
@@ -128,11 +152,11 @@ GptConfig gpt2_from(const json& j, const ConfigFile& file) {
   GptConfig c;
   c.name = file.name;
   c.file = file;
-  c.n_embd = k.positive_int("n_embd");
-  c.n_layer = k.positive_int("n_layer");
-  c.n_head = k.positive_int("n_head");
-  c.vocab_size = k.positive_int("vocab_size");
-  c.block_size = k.positive_int("n_positions");
+  c.n_embd = k.positive_int("n_embd", kMaxHidden);
+  c.n_layer = k.positive_int("n_layer", kMaxLayers);
+  c.n_head = k.positive_int("n_head", kMaxHeads);
+  c.vocab_size = k.positive_int("vocab_size", kMaxVocab);
+  c.block_size = k.positive_int("n_positions", kMaxPositions);
   c.norm_eps = k.positive_number("layer_norm_epsilon", 1e-5);
   c.tie_word_embeddings = k.boolean("tie_word_embeddings", true);
   k.require("n_inner", 4 * c.n_embd, k.positive_int("n_inner", 4 * c.n_embd),
@@ -149,30 +173,28 @@ GptConfig gpt2_from(const json& j, const ConfigFile& file) {
 }  // namespace
 
 HfModelConfig parse_hf_config(std::string_view text, const ConfigFile& file) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    fail(fmt::format("not JSON ({})", e.what()));
-  }
+  const json j = parse_json_input(text);
   if (!j.is_object()) fail("not a JSON object");
   if (!j.contains("architectures"))
     fail("missing key 'architectures' (LlamaForCausalLM or GPT2LMHeadModel)");
   const json& arch = j.at("architectures");
   if (!arch.is_array() || arch.size() != 1 || !arch[0].is_string())
-    fail(fmt::format("architectures must name one architecture, got {}", arch.dump()));
+    fail(fmt::format("architectures must name one architecture, got {}", echo_json(arch)));
   const std::string name = arch[0].get<std::string>();
   if (name == "LlamaForCausalLM") return llama_from(j, file);
   if (name == "GPT2LMHeadModel") return gpt2_from(j, file);
   fail(
       fmt::format("unsupported architecture '{}' (memtrade reads LlamaForCausalLM and "
                   "GPT2LMHeadModel)",
-                  name));
+                  echo(name)));
 }
 
 HfModelConfig read_hf_config(const std::string& path) {
+  const std::string shown = echo(path, kEchoPathMax);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail(fmt::format("{}: is a directory", shown));
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail(fmt::format("{}: cannot read the file", path));
+  if (!in) fail(fmt::format("{}: cannot read the file", shown));
   std::ostringstream bytes;
   bytes << in.rdbuf();
   const std::string text = bytes.str();
@@ -180,7 +202,7 @@ HfModelConfig read_hf_config(const std::string& path) {
   try {
     return parse_hf_config(text, file);
   } catch (const std::invalid_argument& e) {
-    fail(fmt::format("{}: {}", path, e.what()));
+    fail(fmt::format("{}: {}", shown, e.what()));
   }
 }
 

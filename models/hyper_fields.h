@@ -15,6 +15,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "models/input_text.h"
+
 namespace memtrade {
 
 template <typename Config>
@@ -54,19 +56,19 @@ std::optional<std::string> set_hyper(Config& c, const HyperField<Config>& f,
         const char* end = text.data() + text.size();
         if constexpr (std::is_same_v<T, bool>) {
           if (text != "true" && text != "1" && text != "false" && text != "0")
-            return fmt::format("expected true or false, got '{}'", text);
+            return fmt::format("expected true or false, got '{}'", echo(text));
           c.*m = text == "true" || text == "1";
         } else if constexpr (std::is_same_v<T, int>) {
           int v = 0;
           auto [p, ec] = std::from_chars(text.data(), end, v);
           if (ec != std::errc() || p != end || v < 1)
-            return fmt::format("expected a positive integer, got '{}'", text);
+            return fmt::format("expected a positive integer, got '{}'", echo(text));
           c.*m = v;
         } else {
           double v = 0;
           auto [p, ec] = std::from_chars(text.data(), end, v);
           if (ec != std::errc() || p != end || !(v > 0) || !std::isfinite(v))
-            return fmt::format("expected a positive number, got '{}'", text);
+            return fmt::format("expected a positive number, got '{}'", echo(text));
           c.*m = v;
         }
         return std::nullopt;

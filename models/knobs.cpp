@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "models/hf_config.h"
+#include "models/input_text.h"
 #include "models/model.h"
 #include "models/saved_tensors.h"
 
@@ -34,16 +35,17 @@ Knob enum_knob(std::string name, std::string flag, std::string prefix, std::stri
   k.get = [field, to_text](const TrainConfig& c) { return std::string(to_text(c.*field)); };
   k.set = [field, parse, all](TrainConfig& c, std::string_view text) -> std::optional<std::string> {
     auto v = parse(text);
-    if (!v) return fmt::format("unknown value '{}' ({})", text, expected(all()));
+    if (!v) return fmt::format("unknown value '{}' ({})", echo(text), expected(all()));
     c.*field = *v;
     return std::nullopt;
   };
   return k;
 }
 
-// A row for a positive integer field.
+// A row for a positive integer field, up to `max`.
 Knob count_knob(std::string name, std::string flag, std::string prefix, std::string help,
-                std::int64_t TrainConfig::*field, std::vector<std::string> examples) {
+                std::int64_t TrainConfig::*field, std::vector<std::string> examples,
+                std::int64_t max) {
   Knob k;
   k.name = std::move(name);
   k.flag = std::move(flag);
@@ -53,11 +55,12 @@ Knob count_knob(std::string name, std::string flag, std::string prefix, std::str
   k.values_text = "a positive integer";
   k.examples = std::move(examples);
   k.get = [field](const TrainConfig& c) { return std::to_string(c.*field); };
-  k.set = [field](TrainConfig& c, std::string_view text) -> std::optional<std::string> {
+  k.set = [field, max](TrainConfig& c, std::string_view text) -> std::optional<std::string> {
     std::int64_t v = 0;
     auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
     if (ec != std::errc() || end != text.data() + text.size() || v < 1)
-      return fmt::format("must be a positive integer, got '{}'", text);
+      return fmt::format("must be a positive integer, got '{}'", echo(text));
+    if (v > max) return fmt::format("{} is above memtrade's bound of {}", v, max);
     c.*field = v;
     return std::nullopt;
   };
@@ -135,7 +138,7 @@ Knob model_knob() {
     const auto names = model_names();
     const std::string_view base = text.substr(0, text.find(':'));
     if (std::find(names.begin(), names.end(), base) == names.end())
-      return fmt::format("unknown value '{}' ({})", text, expected(names));
+      return fmt::format("unknown value '{}' ({})", echo(text), expected(names));
     try {
       c.model = canonical_model_name(text);
     } catch (const std::invalid_argument& e) {
@@ -184,7 +187,7 @@ Knob model_config_knob() {
   k.resolve = [](TrainConfig& c) -> std::optional<std::string> {
     if (!c.model_config.empty() && c.model != TrainConfig{}.model)
       return fmt::format("{} defines the model: leave --model at its default (got {})",
-                         c.model_config, c.model);
+                         echo(c.model_config, kEchoPathMax), echo(c.model));
     return std::nullopt;
   };
   return k;
@@ -197,15 +200,18 @@ std::vector<Knob> make_table() {
 
   // batch_size × accumulation is what the optimizer step averages over: advise moves factors
   // between them and keeps the product.
+  // The bounds on both: a million samples per micro-batch (or micro-batches per step) is beyond
+  // any device and any run, and keeps batch × sequence × hidden far inside 64 bits.
+  constexpr std::int64_t kMaxSamples = 1 << 20;
   t.push_back(count_knob("batch_size", "--batch-size", "b", "Samples per micro-batch",
-                         &TrainConfig::batch_size, {"1", "8"}));
+                         &TrainConfig::batch_size, {"1", "8"}, kMaxSamples));
   t.back().workload = true;
   t.back().advise = AdviseRole::turn;
   t.back().advise_values = step_divisors;
   t.back().cost = CostDriver::structure;
   t.push_back(count_knob("accumulation", "--accumulation", "a",
                          "Micro-batches per optimizer step (gradient accumulation)",
-                         &TrainConfig::accumulation, {"1", "4"}));
+                         &TrainConfig::accumulation, {"1", "4"}, kMaxSamples));
   t.back().advise = AdviseRole::turn;
   t.back().advise_values = step_divisors;
   t.back().cost = CostDriver::structure;
@@ -245,10 +251,10 @@ std::vector<Knob> make_table() {
     double d = 0;
     auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), d);
     if (!v && ec == std::errc() && end == number.data() + number.size())
-      return fmt::format("density {} is outside [0, 1]", number);
+      return fmt::format("density {} is outside [0, 1]", echo(number));
     if (!v)
       return fmt::format("'{}' is not a density in [0, 1], first<density>, 'sqrt' or 'selective'",
-                         text);
+                         echo(text));
     c.checkpoint = *v;
     return std::nullopt;
   };
@@ -307,7 +313,7 @@ std::vector<Knob> make_table() {
     std::int64_t v = 0;
     auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
     if (ec != std::errc() || end != text.data() + text.size() || v < 0)
-      return fmt::format("must be 0 (the model's own) or a positive integer, got '{}'", text);
+      return fmt::format("must be 0 (the model's own) or a positive integer, got '{}'", echo(text));
     c.seq_len = v;
     return std::nullopt;
   };
@@ -315,7 +321,7 @@ std::vector<Knob> make_table() {
   seq.resolve = [](TrainConfig& c) -> std::optional<std::string> {
     if (c.seq_len == 0) return std::nullopt;
     const std::int64_t max = max_seq_len_of(c);
-    const std::string model = c.model_config.empty() ? c.model : c.model_config;
+    const std::string model = echo(c.model_config.empty() ? c.model : c.model_config, kEchoPathMax);
     if (max == 0)
       return fmt::format("{} has no sequence length (GPT-style models have one)", model);
     if (c.seq_len > max)

@@ -28,6 +28,13 @@ const std::vector<HyperField<LlamaConfig>>& llama_hyper_fields() {
 }
 
 LlamaModel::LlamaModel(LlamaConfig cfg) : cfg_(std::move(cfg)) {
+  check_bounds(cfg_.name, {{"n_layer", cfg_.n_layer, kMaxLayers},
+                           {"n_head", cfg_.n_head, kMaxHeads},
+                           {"n_kv_head", cfg_.n_kv_head, kMaxHeads},
+                           {"n_embd", cfg_.n_embd, kMaxHidden},
+                           {"intermediate_size", cfg_.intermediate_size, kMaxIntermediate},
+                           {"vocab_size", cfg_.vocab_size, kMaxVocab},
+                           {"block_size", cfg_.block_size, kMaxPositions}});
   set_sequence(cfg_.name, cfg_.seq_len, cfg_.block_size, cfg_.vocab_size);
   cfg_.seq_len = static_cast<int>(rows_per_sample());
   const auto bad = [&](const std::string& what) {

@@ -10,6 +10,7 @@
 #include "models/cnn.h"
 #include "models/gpt.h"
 #include "models/hf_config.h"
+#include "models/input_text.h"
 #include "models/llama.h"
 #include "models/mlp.h"
 
@@ -72,6 +73,9 @@ std::unique_ptr<Model> build(FamilyConfig f, std::int64_t seq_len) {
       [&](auto& c) -> std::unique_ptr<Model> {
         using C = std::decay_t<decltype(c)>;
         if constexpr (std::is_same_v<C, GptConfig> || std::is_same_v<C, LlamaConfig>) {
+          if (seq_len < 0 || seq_len > kMaxPositions.max)  // range-checked before narrowing
+            throw std::invalid_argument(
+                above_bound("seq_len", seq_len, kMaxPositions).value_or("seq_len is negative"));
           c.seq_len = static_cast<int>(seq_len);
           if constexpr (std::is_same_v<C, GptConfig>)
             return std::make_unique<GptModel>(c);
@@ -104,17 +108,19 @@ ModelSpec parse_spec(std::string_view text) {
   if (colon == std::string_view::npos) return s;
   std::string_view rest = text.substr(colon + 1);
   if (rest.empty())
-    throw std::invalid_argument(fmt::format("'{}': no override after ':' (key=value,...)", text));
+    throw std::invalid_argument(
+        fmt::format("'{}': no override after ':' (key=value,...)", echo(text)));
   while (!rest.empty()) {
     const auto comma = rest.find(',');
     const std::string_view item = rest.substr(0, comma);
     const auto eq = item.find('=');
     if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size())
-      throw std::invalid_argument(fmt::format("'{}': override '{}' is not key=value", text, item));
+      throw std::invalid_argument(
+          fmt::format("'{}': override '{}' is not key=value", echo(text), echo(item)));
     if (!s.overrides.emplace(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)))
              .second)
       throw std::invalid_argument(
-          fmt::format("'{}': {} is overridden twice", text, item.substr(0, eq)));
+          fmt::format("'{}': {} is overridden twice", echo(text), echo(item.substr(0, eq))));
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
   }
   return s;
@@ -124,7 +130,7 @@ const FamilyConfig& row_config(std::string_view name) {
   for (const auto& row : size_table())
     if (name_of(row.config) == name) return row.config;
   throw std::invalid_argument(
-      fmt::format("unknown model '{}' (known: {})", name, fmt::join(model_names(), ", ")));
+      fmt::format("unknown model '{}' (known: {})", echo(name), fmt::join(model_names(), ", ")));
 }
 
 // Applies the overrides to a GPT or Llama config and names it canonically: base name, then the
@@ -140,7 +146,7 @@ void apply_overrides(Config& c, const std::vector<HyperField<Config>>& fields,
       std::vector<std::string_view> keys;
       for (const auto& field : fields) keys.push_back(field.key);
       throw std::invalid_argument(fmt::format("{}: unknown hyper-parameter '{}' ({} takes: {})",
-                                              spec.base, key, family, fmt::join(keys, ", ")));
+                                              spec.base, echo(key), family, fmt::join(keys, ", ")));
     }
     if (auto err = set_hyper(c, *f, value))
       throw std::invalid_argument(fmt::format("{}: {}: {}", spec.base, key, *err));
@@ -188,8 +194,8 @@ std::unique_ptr<Model> make_model(const TrainConfig& cfg) {
   HfModelConfig hf = read_hf_config(cfg.model_config);
   const std::string sha = std::visit([](const auto& c) { return c.file.sha256; }, hf);
   if (!cfg.model_config_sha256.empty() && sha != cfg.model_config_sha256)
-    throw std::invalid_argument(
-        fmt::format("model_config: {} changed since it was read", cfg.model_config));
+    throw std::invalid_argument(fmt::format("model_config: {} changed since it was read",
+                                            echo(cfg.model_config, kEchoPathMax)));
   return build(std::visit([](auto& c) { return FamilyConfig(std::move(c)); }, hf), cfg.seq_len);
 }
 

@@ -13,6 +13,7 @@
 #include "kernels/allocator.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/cuda_probe.h"
+#include "models/input_text.h"
 
 namespace memtrade {
 namespace {
@@ -43,13 +44,13 @@ std::size_t margin_bytes(const std::string& text, std::size_t capacity, Backend 
     char* end = nullptr;
     const double pct = std::strtod(text.c_str(), &end);
     if (end != text.c_str() + text.size() - 1 || !(pct >= 0 && pct < 100))
-      throw BadInput(
-          fmt::format("--margin: expected a size or a percentage below 100%, got '{}'", text));
+      throw BadInput(fmt::format("--margin: expected a size or a percentage below 100%, got '{}'",
+                                 echo(text)));
     return static_cast<std::size_t>(static_cast<double>(capacity) * pct / 100);
   }
   if (text == "0") return 0;
   auto bytes = parse_capacity(text);
-  if (!bytes) throw BadInput(fmt::format("--margin: cannot parse '{}' (512MiB, 5%)", text));
+  if (!bytes) throw BadInput(fmt::format("--margin: cannot parse '{}' (512MiB, 5%)", echo(text)));
   return *bytes;
 }
 
@@ -190,7 +191,7 @@ int cmd_advise(CLI::App& cmd, AdviseFlags& f) {
   if (!f.calibrate_on.empty()) {
     const auto names = model_names();
     if (std::find(names.begin(), names.end(), f.calibrate_on) == names.end())
-      throw BadInput(fmt::format("--calibrate-on: unknown model '{}' ({})", f.calibrate_on,
+      throw BadInput(fmt::format("--calibrate-on: unknown model '{}' ({})", echo(f.calibrate_on),
                                  fmt::join(names, ", ")));
   }
 

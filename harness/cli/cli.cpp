@@ -16,6 +16,7 @@
 #include "harness/run/point_runner.h"
 #include "harness/run/step_dump.h"
 #include "kernels/device.h"
+#include "models/input_text.h"
 #include "models/model.h"
 
 namespace memtrade {
@@ -104,7 +105,7 @@ int cli_main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "memtrade: %s\n", e.what());
+    std::fprintf(stderr, "memtrade: %s\n", one_line(e.what()).c_str());
     return 2;
   }
 
@@ -118,16 +119,16 @@ int cli_main(int argc, char** argv) {
     std::fputs(app.help().c_str(), stdout);
     return 0;
   } catch (const BadInput& e) {
-    std::fprintf(stderr, "memtrade: %s\n", e.what());
+    std::fprintf(stderr, "memtrade: %s\n", one_line(e.what()).c_str());
     return 2;
   } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "memtrade: %s\n", e.what());
+    std::fprintf(stderr, "memtrade: %s\n", one_line(e.what()).c_str());
     return 2;
   } catch (const OutOfMemory& e) {
-    std::fprintf(stderr, "memtrade: %s\n", e.what());
+    std::fprintf(stderr, "memtrade: %s\n", one_line(e.what()).c_str());
     return 3;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "memtrade: error: %s\n", e.what());
+    std::fprintf(stderr, "memtrade: error: %s\n", one_line(e.what()).c_str());
     return 1;
   }
 }

@@ -27,7 +27,8 @@ void add_knob_flags(CLI::App& cmd, KnobFlags& flags);
 TrainConfig to_train_config(const KnobFlags& flags);
 // The flags of `cmd` that describe a point (every axis flag, --seed, --lr) that were given.
 std::vector<std::string> given_point_flags(const CLI::App& cmd);
-// Emulated capacity in bytes (0 = none); throws BadInput on text like "12XB".
-std::size_t parse_capacity_flag(const std::string& text);
+// Emulated capacity in bytes (0 = none: "" where the flag was not given); throws BadInput on
+// text like "12XB", and on "" where the flag was given.
+std::size_t parse_capacity_flag(const std::string& text, bool given = false);
 
 }  // namespace memtrade

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -22,6 +23,7 @@
 #include "harness/run/step_dump.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/cuda_probe.h"
+#include "models/input_text.h"
 #include "models/model.h"
 
 namespace memtrade {
@@ -31,8 +33,53 @@ struct RunFlags {
   KnobFlags knobs;
   std::string grid, out, shard, select, timeout, trace, csv;
   bool resume = false, list = false, json = false, quiet = false;
-  int warmup = -1, steps = -1;
+  std::optional<int> warmup, steps;  // given: they override the grid's
 };
+
+// --warmup / --steps: a whole number in [min, kMaxSteps], range-checked before it is narrowed.
+void add_steps_flag(CLI::App& cmd, const std::string& flag, std::optional<int>& target, int min,
+                    const std::string& help) {
+  cmd.add_option_function<std::string>(
+         flag,
+         [&target, flag, min](const std::string& text) {
+           target = parse_steps_text(text, min);
+           if (!target)
+             throw CLI::ValidationError(
+                 flag, fmt::format("expected an integer in [{}, {}], got '{}'", min, kMaxSteps,
+                                   echo(text)));
+         },
+         help)
+      ->type_name("INT");
+}
+
+// The same file, whether or not it exists yet (then by its absolute, normalised path).
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
+  std::error_code ec;
+  if (std::filesystem::exists(a, ec) && std::filesystem::exists(b, ec))
+    return std::filesystem::equivalent(a, b, ec);
+  return std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
+}
+
+// Refuses a run whose output (--out, --csv, --trace) would overwrite one of its inputs (the grid
+// file, a point's model config file) or another of its outputs.
+void refuse_overwriting_inputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                               const std::string& grid_path, const Grid& g) {
+  std::vector<std::pair<std::string, std::string>> inputs;
+  if (!grid_path.empty()) inputs.emplace_back("--grid", grid_path);
+  for (const auto& p : g.points)
+    if (!p.config.model_config.empty()) inputs.emplace_back("model_config", p.config.model_config);
+  for (const auto& [flag, out] : outputs)
+    for (const auto& [what, in] : inputs)
+      if (!out.empty() && same_file(out, in))
+        throw BadInput(fmt::format("{} {} is this run's {} file: refusing to overwrite it", flag,
+                                   echo(out, kEchoPathMax), what));
+  for (std::size_t i = 0; i < outputs.size(); ++i)
+    for (std::size_t j = i + 1; j < outputs.size(); ++j)
+      if (!outputs[i].second.empty() && same_file(outputs[i].second, outputs[j].second))
+        throw BadInput(fmt::format("{} and {} name one file ({}): give each its own",
+                                   outputs[i].first, outputs[j].first,
+                                   echo(outputs[i].second, kEchoPathMax)));
+}
 
 // Resolves "auto" without creating a device (the parent must not hold a CUDA context).
 std::pair<std::string, std::string> resolve_backend(const std::string& requested, int threads) {
@@ -48,15 +95,11 @@ std::pair<std::string, std::string> resolve_backend(const std::string& requested
 }
 
 double parse_timeout_flag(const std::string& text) {
-  std::istringstream in(text);
-  double v = 0;
-  std::string unit;
-  if (in >> v) {
-    in >> unit;
-    double scale = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : -1;
-    if (scale > 0 && v > 0) return v * scale;
-  }
-  throw BadInput(fmt::format("--timeout: expected a duration like 120s or 5m, got '{}'", text));
+  if (auto seconds = parse_duration_text(text)) return *seconds;
+  throw BadInput(
+      fmt::format("--timeout: expected a duration like 120s or 5m (up to {:.0f} s), "
+                  "got '{}'",
+                  kMaxTimeoutS, echo(text)));
 }
 
 // The grid a run/estimate/fit works on: the file, or the one point of the knob flags.
@@ -73,16 +116,15 @@ Grid grid_for(CLI::App& cmd, RunFlags& f, const std::string& backend) {
     g.run.seed = cfg.seed;
     g.points.push_back({point_id(cfg), cfg});
     g.hash = "point-" + g.points.front().id;
+    // The learning rate is no axis (not in the id): --resume must not mix two of them.
+    if (cfg.lr != 0.0f) g.hash += fmt::format("-lr{}", cfg.lr);
   }
   if (cmd.count("--capacity") > 0) {
     g.run.capacity = parse_capacity_flag(f.knobs.capacity);
     g.run.capacity_text = f.knobs.capacity;
   }
-  if (f.warmup >= 0) g.run.warmup = f.warmup;
-  if (f.steps >= 0) {
-    if (f.steps < 1) throw BadInput("--steps: must be >= 1");
-    g.run.steps = f.steps;
-  }
+  if (f.warmup) g.run.warmup = *f.warmup;
+  if (f.steps) g.run.steps = *f.steps;
   if (!f.timeout.empty()) g.run.timeout_s = parse_timeout_flag(f.timeout);
   return g;
 }
@@ -97,7 +139,7 @@ void select_points(Grid& g, const RunFlags& f) {
     for (const auto& w : wanted)
       if (std::none_of(g.points.begin(), g.points.end(),
                        [&](const GridPoint& p) { return p.id == w; }))
-        throw BadInput(fmt::format("--select: no point '{}' in grid '{}'", w, g.name));
+        throw BadInput(fmt::format("--select: no point '{}' in grid '{}'", echo(w), g.name));
     std::erase_if(g.points, [&](const GridPoint& p) { return !wanted.count(p.id); });
   }
   if (!f.shard.empty()) {
@@ -150,6 +192,8 @@ int cmd_run(CLI::App& cmd, RunFlags& f) {
   o.backend = backend;
   o.device_name = device_name;
   o.out = !f.out.empty() ? f.out : fmt::format("out/{}.json", g.name);
+  refuse_overwriting_inputs({{"--out", o.out.string()}, {"--csv", f.csv}, {"--trace", f.trace}},
+                            f.grid, g);
   o.resume = f.resume;
   o.threads = f.knobs.threads;
   o.trace_path = f.trace;
@@ -219,6 +263,7 @@ int cmd_fit(CLI::App& cmd, RunFlags& f, const FitOptions& defaults, const std::s
   o.backend_name = requested;
   o.capacity = g.run.capacity;
   o.threads = f.knobs.threads;
+  refuse_overwriting_inputs({{"--json", json_out}}, f.grid, g);
   fmt::print("{:>9} {:>11} {:>9}  {}\n", "max batch", "peak", "confirmed", "knobs (batch 1 id)");
   nlohmann::json rows = nlohmann::json::array();
   for (const FitRow& r : fit_points(g.points, o)) {
@@ -300,8 +345,8 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
   run->add_option("--select", f.select, "Run only these point ids (comma-separated)");
   run->add_flag("--list", f.list, "Print the point ids and exit");
   run->add_flag("--json", f.json, "With --list: every point's id and full config as JSON");
-  run->add_option("--warmup", f.warmup, "Warm-up steps per point (overrides the grid)");
-  run->add_option("--steps", f.steps, "Measured steps per point (overrides the grid)");
+  add_steps_flag(*run, "--warmup", f.warmup, 0, "Warm-up steps per point (overrides the grid)");
+  add_steps_flag(*run, "--steps", f.steps, 1, "Measured steps per point (overrides the grid)");
   run->add_option("--timeout", f.timeout, "Per-point timeout, e.g. 120s (overrides the grid)");
   run->add_option("--trace", f.trace, "Write the allocator trace of one point's last step");
   run->add_option("--csv", f.csv, "Also write the results as CSV");
@@ -364,12 +409,15 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
   exp->add_option("results", export_in, "Results file")->required();
   exp->add_option("-o,--out", export_out, "CSV file (default: stdout)");
   cmds.add(exp, [&export_in, &export_out] {
+    if (!export_out.empty() && same_file(export_in, export_out))
+      throw BadInput(fmt::format("export: --out {} is the results file: refusing to overwrite it",
+                                 echo(export_out, kEchoPathMax)));
     std::string csv = results_csv(load_results_file(export_in));
     if (export_out.empty()) {
       fmt::print("{}", csv);
     } else {
       std::ofstream out(export_out);
-      if (!out) throw BadInput("export: cannot write " + export_out);
+      if (!out) throw BadInput("export: cannot write " + echo(export_out, kEchoPathMax));
       out << csv;
     }
     return 0;

@@ -275,6 +275,8 @@ json read_json_file(const std::filesystem::path& path) {
   } catch (const json::parse_error& e) {
     throw BadInput(
         fmt::format("{}: invalid JSON (truncated or garbage?) at byte {}", path.string(), e.byte));
+  } catch (const json::exception& e) {  // a number out of range (1e400): no crash, one line
+    throw BadInput(fmt::format("{}: unreadable JSON (a number out of range?)", path.string()));
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "harness/common/bad_input.h"
 #include "kernels/dtype.h"
+#include "models/input_text.h"
 #include "models/model.h"
 
 namespace memtrade {
@@ -37,7 +38,7 @@ AdviseSpace advise_space(const TrainConfig& start, const std::vector<std::string
     const Knob* k = find_knob(name);
     if (k == nullptr || k->advise != AdviseRole::allow)
       throw BadInput(fmt::format(
-          "--allow: '{}' {} (--allow opens the axes that change the training: {})", name,
+          "--allow: '{}' {} (--allow opens the axes that change the training: {})", echo(name),
           k == nullptr                    ? "is not an axis"
           : k->advise == AdviseRole::turn ? "is turned without --allow"
                                           : "is never changed by advise",
@@ -46,7 +47,7 @@ AdviseSpace advise_space(const TrainConfig& start, const std::vector<std::string
   for (const std::string& name : hold) {
     const Knob* k = find_knob(name);
     if (k == nullptr || k->advise == AdviseRole::keep)
-      throw BadInput(fmt::format("--hold: '{}' is not an axis advise turns ({})", name,
+      throw BadInput(fmt::format("--hold: '{}' is not an axis advise turns ({})", echo(name),
                                  fmt::join(names_with(AdviseRole::turn), ", ")));
   }
 

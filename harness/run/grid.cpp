@@ -1,6 +1,8 @@
 #include "harness/run/grid.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <set>
@@ -12,6 +14,7 @@
 
 #include "harness/common/bad_input.h"
 #include "kernels/allocator.h"
+#include "models/input_text.h"
 #include "models/model.h"
 
 namespace memtrade {
@@ -22,7 +25,7 @@ using AxisValues = std::map<std::string, std::vector<std::string>>;
 
 class GridError {
  public:
-  explicit GridError(std::string source) : source_(std::move(source)) {}
+  explicit GridError(const std::string& source) : source_(echo(source, kEchoPathMax)) {}
   [[noreturn]] void fail(const toml::node* where, const std::string& what) const {
     if (where != nullptr && where->source().begin.line > 0)
       throw BadInput(fmt::format("{}:{}: {}", source_, where->source().begin.line, what));
@@ -125,13 +128,13 @@ std::vector<Filter> parse_filters(const GridError& err, const toml::table& root,
         }
         for (const auto& b : f.backends)
           if (b != "cpu" && b != "cuda")
-            err.fail(
-                &v, fmt::format("{}.backend: unknown backend '{}' (expected cpu or cuda)", key, b));
+            err.fail(&v, fmt::format("{}.backend: unknown backend '{}' (expected cpu or cuda)", key,
+                                     echo(b)));
         continue;
       }
       if (find_knob(name) == nullptr)
-        err.fail(&v, fmt::format("{}: unknown axis '{}' (expected one of: {}, backend)", key, name,
-                                 fmt::join(knob_names(), ", ")));
+        err.fail(&v, fmt::format("{}: unknown axis '{}' (expected one of: {}, backend)", key,
+                                 echo(name), fmt::join(knob_names(), ", ")));
       f.axes[name] = axis_values(err, name, v);
     }
     out.push_back(std::move(f));
@@ -142,22 +145,13 @@ std::vector<Filter> parse_filters(const GridError& err, const toml::table& root,
 double parse_duration(const GridError& err, const toml::node& v) {
   if (v.is_integer() || v.is_floating_point()) {
     double d = *v.value<double>();
-    if (d > 0) return d;
+    if (d > 0 && d <= kMaxTimeoutS) return d;
   } else if (auto s = v.value<std::string>()) {
-    double number = 0;
-    std::string unit;
-    std::istringstream in(*s);
-    if (in >> number) {
-      in >> unit;
-      double scale = unit == "s" || unit.empty() ? 1
-                     : unit == "ms"              ? 1e-3
-                     : unit == "m"               ? 60
-                     : unit == "h"               ? 3600
-                                                 : -1;
-      if (scale > 0 && number > 0 && in.eof()) return number * scale;
-    }
+    if (auto d = parse_duration_text(*s)) return *d;
   }
-  err.fail(&v, "run.timeout: expected a duration like \"120s\", \"5m\" or a number of seconds");
+  err.fail(&v, fmt::format("run.timeout: expected a duration like \"120s\", \"5m\" or a number of "
+                           "seconds, up to {:.0f} s",
+                           kMaxTimeoutS));
 }
 
 std::uint64_t fnv1a(const std::string& s, std::uint64_t h = 1469598103934665603ull) {
@@ -167,6 +161,45 @@ std::uint64_t fnv1a(const std::string& s, std::uint64_t h = 1469598103934665603u
 
 }  // namespace
 
+std::optional<double> parse_duration_text(std::string_view text) {
+  const auto trim = [](std::string_view t) {
+    while (!t.empty() && t.front() == ' ') t.remove_prefix(1);
+    while (!t.empty() && t.back() == ' ') t.remove_suffix(1);
+    return t;
+  };
+  text = trim(text);
+  double number = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, number);
+  if (ec != std::errc()) return std::nullopt;
+  const std::string_view unit = trim(std::string_view(p, static_cast<std::size_t>(end - p)));
+  const double scale = unit == "s" || unit.empty() ? 1
+                       : unit == "ms"              ? 1e-3
+                       : unit == "m"               ? 60
+                       : unit == "h"               ? 3600
+                                                   : -1;
+  const double seconds = number * scale;
+  if (scale < 0 || !std::isfinite(seconds) || !(seconds > 0) || seconds > kMaxTimeoutS)
+    return std::nullopt;
+  return seconds;
+}
+
+std::optional<int> parse_steps_text(std::string_view text, int min) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || p != text.data() + text.size() || v < min || v > kMaxSteps)
+    return std::nullopt;
+  return static_cast<int>(v);
+}
+
+bool valid_grid_name(std::string_view name) {
+  if (name.empty() || name.size() > 128 || name.front() == '.') return false;
+  return std::none_of(name.begin(), name.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return c == '/' || c == '\\' || u < 0x20 || u == 0x7f;
+  });
+}
+
 Grid parse_grid(const std::string& text, const std::string& source_name,
                 const std::string& backend) {
   GridError err(source_name);
@@ -174,8 +207,8 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
   try {
     root = toml::parse(text, source_name);
   } catch (const toml::parse_error& e) {
-    throw BadInput(fmt::format("{}:{}: malformed TOML: {}", source_name, e.source().begin.line,
-                               e.description()));
+    throw BadInput(fmt::format("{}:{}: malformed TOML: {}", echo(source_name, kEchoPathMax),
+                               e.source().begin.line, echo(e.description(), 240)));
   }
   static const std::set<std::string> top_keys = {"name",     "mode",    "run",  "axes",
                                                  "baseline", "exclude", "where"};
@@ -183,10 +216,19 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
     if (!top_keys.count(std::string(k.str())))
       err.fail(&v, fmt::format("unknown key '{}' (expected one of: name, mode, run, axes, "
                                "baseline, exclude, where)",
-                               k.str()));
+                               echo(k.str())));
 
   Grid g;
-  g.name = root["name"].value_or(std::string("unnamed"));
+  g.name = "unnamed";
+  if (const auto* n = root.get("name")) {
+    // The name names the results file, out/<name>.json: a path would write elsewhere.
+    auto s = n->value<std::string>();
+    if (!n->is_string() || !valid_grid_name(*s))
+      err.fail(n, fmt::format("name: expected a string usable as a file name (no '/', not "
+                              "starting with '.', at most 128 characters), got {}",
+                              n->is_string() ? fmt::format("'{}'", echo(*s)) : "a non-string"));
+    g.name = *s;
+  }
   if (const auto* m = root.get("mode")) {
     auto s = m->value<std::string>();
     if (!s || (*s != "cartesian" && *s != "sweep"))
@@ -206,9 +248,13 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
         g.run.backend = *s;
       } else if (key == "warmup" || key == "steps" || key == "seed") {
         auto i = v.value<std::int64_t>();
-        if (!v.is_integer() || !i || *i < (key == "steps" ? 1 : 0))
-          err.fail(&v,
-                   fmt::format("run.{}: expected an integer >= {}", key, key == "steps" ? 1 : 0));
+        const std::int64_t min = key == "steps" ? 1 : 0;
+        // Range-checked before narrowing: 2^32 + 1 steps must not become 1.
+        const std::int64_t max = key == "seed" ? INT64_MAX : kMaxSteps;
+        if (!v.is_integer() || !i || *i < min || *i > max)
+          err.fail(&v, key == "seed" ? std::string("run.seed: expected an integer >= 0")
+                                     : fmt::format("run.{}: expected an integer in [{}, {}]", key,
+                                                   min, kMaxSteps));
         if (key == "warmup") g.run.warmup = static_cast<int>(*i);
         if (key == "steps") g.run.steps = static_cast<int>(*i);
         if (key == "seed") g.run.seed = static_cast<std::uint64_t>(*i);
@@ -224,7 +270,7 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
       } else {
         err.fail(&v, fmt::format("run: unknown key '{}' (expected backend, warmup, steps, seed, "
                                  "capacity, timeout)",
-                                 key));
+                                 echo(key)));
       }
     }
   }
@@ -238,7 +284,7 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
     for (const auto& [k, v] : *tbl) {
       std::string axis(k.str());
       if (std::find(names.begin(), names.end(), axis) == names.end())
-        err.fail(&v, fmt::format("axes: unknown axis '{}' (expected one of: {})", axis,
+        err.fail(&v, fmt::format("axes: unknown axis '{}' (expected one of: {})", echo(axis),
                                  fmt::join(names, ", ")));
       axes[axis] = axis_values(err, axis, v);
     }
@@ -246,6 +292,15 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
   for (const auto& axis : names)
     if (!axes.count(axis)) axes[axis] = {knob(axis).default_text()};
 
+  // The number of combinations, counted before any is built.
+  std::int64_t count = 1;
+  for (const auto& axis : names) {
+    const auto n = static_cast<std::int64_t>(axes[axis].size());
+    count = g.mode == "cartesian" ? count * n : count + n - 1;  // kept below the bound
+    if (count > kMaxGridPoints)
+      err.fail(nullptr, fmt::format("axes: more than {} points (memtrade's bound on a grid)",
+                                    kMaxGridPoints));
+  }
   std::vector<std::map<std::string, std::string>> combos;
   if (g.mode == "cartesian") {
     combos.emplace_back();
@@ -268,7 +323,7 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
       for (const auto& [k, v] : *tbl) {
         std::string axis(k.str());
         if (std::find(names.begin(), names.end(), axis) == names.end())
-          err.fail(&v, fmt::format("baseline: unknown axis '{}'", axis));
+          err.fail(&v, fmt::format("baseline: unknown axis '{}'", echo(axis)));
         if (v.is_array()) err.fail(&v, fmt::format("baseline.{}: expected one value", axis));
         base[axis] = axis_value(err, axis, v);
       }
@@ -308,8 +363,12 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
 }
 
 Grid load_grid(const std::filesystem::path& path, const std::string& backend) {
+  const std::string shown = echo(path.string(), kEchoPathMax);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw BadInput(fmt::format("{}: is a directory, not a grid file", shown));
   std::ifstream in(path);
-  if (!in) throw BadInput(fmt::format("{}: cannot read grid file", path.string()));
+  if (!in) throw BadInput(fmt::format("{}: cannot read grid file", shown));
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_grid(ss.str(), path.string(), backend);
@@ -328,7 +387,7 @@ std::pair<int, int> parse_shard(const std::string& text) {
   char slash = 0;
   std::istringstream in(text);
   if (!(in >> i >> slash >> n) || slash != '/' || !in.eof() || n < 1 || i < 0 || i >= n)
-    throw BadInput(fmt::format("--shard: expected i/N with 0 <= i < N, got '{}'", text));
+    throw BadInput(fmt::format("--shard: expected i/N with 0 <= i < N, got '{}'", echo(text)));
   return {i, n};
 }
 

@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +16,25 @@
 #include "models/knobs.h"
 
 namespace memtrade {
+
+// Bounds on a run's settings, wherever they are given (grid file or flag):
+// warm-up and measured steps: every measured step's time is kept in the results file, and a
+// million steps of the smallest model take hours; more is a typo (2^32 + 1 once ran 1 step).
+inline constexpr std::int64_t kMaxSteps = 1'000'000;
+// The per-point timeout: a week; a point that runs longer has hung.
+inline constexpr double kMaxTimeoutS = 7 * 24 * 3600.0;
+// The points of a grid before [[exclude]] and [[where]]: each combination is built and checked
+// in memory, and each point runs in a process of its own (100,000 one-second points: a day).
+inline constexpr std::int64_t kMaxGridPoints = 100'000;
+
+// A duration: "120s", "5m", "1.5h", "250ms" (spaces around the unit allowed) or a number of
+// seconds, read whole, up to kMaxTimeoutS; nullopt when the text is not one ("5s extra").
+std::optional<double> parse_duration_text(std::string_view text);
+// A count of steps in [min, kMaxSteps] (warmup 0, steps 1); nullopt when the text is not one.
+std::optional<int> parse_steps_text(std::string_view text, int min);
+// Whether `name` can name the grid's results file (out/<name>.json): one path component, not
+// hidden, printable, at most 128 bytes.
+bool valid_grid_name(std::string_view name);
 
 struct RunSettings {
   std::string backend = "auto";  // auto | cpu | cuda

@@ -31,7 +31,9 @@ std::optional<double> peak_flops(const Device& dev, Precision p) {
 }  // namespace
 
 nlohmann::json job_json(const PointJob& job) {
+  // The learning rate is no axis, so the config serialiser leaves it out: the job carries it.
   return {{"config", config_json(job.point.config)},
+          {"lr", job.point.config.lr},
           {"backend", job.backend},
           {"capacity", job.capacity},
           {"warmup", job.warmup},
@@ -43,6 +45,7 @@ nlohmann::json job_json(const PointJob& job) {
 PointJob job_from_json(const nlohmann::json& j) {
   PointJob job;
   job.point.config = config_from_json(j.at("config"));
+  job.point.config.lr = j.value("lr", 0.0f);
   job.point.id = point_id(job.point.config);
   job.backend = j.at("backend").get<std::string>();
   job.capacity = j.at("capacity").get<std::size_t>();
@@ -156,6 +159,7 @@ PointRow run_point_row(const PointJob& job) {
     if (!std::isfinite(m.loss_first) || !std::isfinite(m.loss_last)) {
       row.status = "error";
       row.error = fmt::format("non-finite loss ({} -> {})", m.loss_first, m.loss_last);
+      row.train.reset();  // JSON has no NaN: the losses are in the message, the row stays readable
     } else {
       row.status = "ok";
       row.error.reset();
