@@ -1,5 +1,6 @@
 #include "harness/run/grid_runner.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -7,7 +8,9 @@
 #include <fstream>
 #include <set>
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "harness/common/bad_input.h"
@@ -15,6 +18,7 @@
 #include "harness/run/point_child.h"
 #include "harness/run/results.h"
 #include "kernels/allocator.h"
+#include "models/input_text.h"
 
 namespace memtrade {
 namespace {
@@ -107,7 +111,47 @@ std::string summary_table(const ResultsFile& results) {
   return out;
 }
 
+namespace {
+
+// An advisory lock (flock) on `.<out>.lock` beside the results file, held while a run writes it:
+// a second run on the same --out is bad input instead of two runs replacing each other's file
+// (the first one's points lost). Beside, not on, the file: each write replaces the file itself
+// (a new inode). The lock file stays (empty): removing it could let a third run lock a new one
+// while a second still holds the old.
+class OutLock {
+ public:
+  explicit OutLock(const std::filesystem::path& out) {
+    const auto dir = out.parent_path().empty() ? std::filesystem::path(".") : out.parent_path();
+    const auto path = dir / fmt::format(".{}.lock", out.filename().string());
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) return;  // an unwritable folder: the results file's own write says so
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      fd_ = -1;
+      // Held by another run; any other failure (a file system without locks: ENOLCK) leaves
+      // the run unlocked, as before, rather than refusing it.
+      if (err != EWOULDBLOCK) return;
+      throw BadInput(fmt::format(
+          "--out {}: another memtrade run is writing it (lock {}); wait for "
+          "it to end or choose another --out",
+          echo(out.string(), kEchoPathMax), echo(path.filename().string(), kEchoPathMax)));
+    }
+  }
+  ~OutLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+  }
+  OutLock(const OutLock&) = delete;
+  OutLock& operator=(const OutLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace
+
 int run_grid(const Grid& grid, const GridRunOptions& o) {
+  const OutLock lock(o.out);
   ResultsFile results;
   std::set<std::string> done;
   if (o.resume && std::filesystem::exists(o.out)) {

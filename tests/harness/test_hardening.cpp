@@ -4,6 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -252,6 +257,36 @@ TEST(Hardening, RunLrTakesEffect) {
   const json p = json::parse(read_file(dir.file("r.json")))["points"][0];
   EXPECT_EQ(p["status"], "error");
   EXPECT_EQ(p["error"].get<std::string>().rfind("non-finite loss", 0), 0u) << p["error"];
+}
+
+// Two runs on one --out: the second is bad input while the first holds the file's lock, and the
+// first one's points are all there at the end (before: both exited 0 and the first's were gone).
+TEST(Hardening, ASecondRunOnTheSameOutIsRefused) {
+  TempDir dir;
+  const std::string out = dir.file("r.json");
+  pid_t pid = fork();
+  if (pid == 0) {  // the first run: its one point hangs until the 3 s timeout
+    setenv("MEMTRADE_FAULT", "hang:gpt-tiny", 1);
+    execl(MEMTRADE_BINARY, MEMTRADE_BINARY, "run", "--model", "gpt-tiny", "--steps", "2",
+          "--warmup", "1", "--timeout", "3s", "--quiet", "--out", out.c_str(), nullptr);
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!fs::exists(out) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(fs::exists(out));
+  expect_bad_input("run --model mlp-tiny --steps 2 --warmup 1 --quiet --out " + out,
+                   "another memtrade run is writing it");
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);  // its point timed out: a row, exit 1
+  const json doc = json::parse(read_file(out));
+  ASSERT_EQ(doc["points"].size(), 1u);
+  EXPECT_EQ(doc["points"][0]["status"], "timeout");
+  // The lock is released with the run: the same --out is free again.
+  const CliResult again = run_cli("run --model mlp-tiny --steps 2 --warmup 1 --quiet --out " + out);
+  EXPECT_EQ(again.rc, 0) << again.err;
 }
 
 }  // namespace
