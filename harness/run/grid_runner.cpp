@@ -1,5 +1,6 @@
 #include "harness/run/grid_runner.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness/common/bad_input.h"
@@ -148,6 +150,27 @@ class OutLock {
   int fd_ = -1;
 };
 
+// The scratch folders (memtrade-<pid>) of runs that died without cleaning up (kill -9, a node
+// lost): removed when another run starts, if their process is gone and they are this user's.
+// A pid that lives again (reused) keeps its folder: never another live process's.
+void reclaim_stale_work_dirs(const std::filesystem::path& tmp) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with("memtrade-") || !entry.is_directory(ec)) continue;
+    const std::string digits = name.substr(9);
+    if (digits.empty() || digits.size() > 9 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    struct stat st {};
+    if (pid == getpid() || ::stat(entry.path().c_str(), &st) != 0 || st.st_uid != getuid())
+      continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to ask)
+    std::filesystem::remove_all(entry.path(), ec);
+  }
+}
+
 }  // namespace
 
 int run_grid(const Grid& grid, const GridRunOptions& o) {
@@ -172,6 +195,7 @@ int run_grid(const Grid& grid, const GridRunOptions& o) {
     if (!done.count(p.id)) todo.push_back(&p);
 
   install_interrupt_handlers();
+  reclaim_stale_work_dirs(std::filesystem::temp_directory_path());
   auto work = std::filesystem::temp_directory_path() / fmt::format("memtrade-{}", getpid());
   std::filesystem::create_directories(work);
   Progress progress(grid.points.size(), o.quiet);

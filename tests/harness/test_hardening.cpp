@@ -289,5 +289,26 @@ TEST(Hardening, ASecondRunOnTheSameOutIsRefused) {
   EXPECT_EQ(again.rc, 0) << again.err;
 }
 
+// A parent killed with -9 leaves its scratch folder (memtrade-<pid>) behind; the next run removes
+// it, since that process is gone, and leaves a live process's alone.
+TEST(Hardening, TheNextRunReclaimsADeadRunsScratchFolder) {
+  TempDir dir;
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);  // a pid whose process is gone
+  const fs::path stale = dir.path() / fmt::format("memtrade-{}", dead);
+  const fs::path live = dir.path() / fmt::format("memtrade-{}", getpid());  // this test: alive
+  fs::create_directories(stale);
+  fs::create_directories(live);
+  write_file((stale / "job.json").string(), "{}");
+  setenv("TMPDIR", dir.path().c_str(), 1);
+  const CliResult r =
+      run_cli("run --model mlp-tiny --steps 2 --warmup 1 --quiet --out " + dir.file("r.json"));
+  unsetenv("TMPDIR");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+}
+
 }  // namespace
 }  // namespace memtrade
