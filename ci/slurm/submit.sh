@@ -8,7 +8,9 @@
 #   OUTDIR  a directory every node can write (created): shard-<i>.json, slurm-<job>_<i>.out,
 #           merged.json and merge.log
 #   SHARDS  optional: resubmit only these shards of the N, e.g. "2" or "1,5" (the shard files
-#           already there are resumed, the others are untouched), then merge again
+#           already there are resumed, the others are untouched), then merge again; with the
+#           MEMTRADE_ARGS of the first submission (--resume refuses other --steps, --warmup or
+#           --capacity)
 #
 # Environment: MEMTRADE (the binary; default build/memtrade of this repository), BACKEND,
 # MEMTRADE_ARGS (extra `memtrade run` arguments, e.g. "--steps 50"), SBATCH_ARGS (extra sbatch

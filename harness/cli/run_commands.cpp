@@ -119,12 +119,22 @@ Grid grid_for(CLI::App& cmd, RunFlags& f, const std::string& backend) {
     // The learning rate is no axis (not in the id): --resume must not mix two of them.
     if (cfg.lr != 0.0f) g.hash += fmt::format("-lr{}", cfg.lr);
   }
+  // The flags that override the grid's run settings join its hash, so that --resume (and merge)
+  // refuse a file measured with other ones instead of mixing both. Only when given: the hash of
+  // a run without them is unchanged, and older files resume as before.
   if (cmd.count("--capacity") > 0) {
     g.run.capacity = parse_capacity_flag(f.knobs.capacity);
     g.run.capacity_text = f.knobs.capacity;
+    g.hash += fmt::format("+capacity{}", g.run.capacity);
   }
-  if (f.warmup) g.run.warmup = *f.warmup;
-  if (f.steps) g.run.steps = *f.steps;
+  if (f.warmup) {
+    g.run.warmup = *f.warmup;
+    g.hash += fmt::format("+warmup{}", g.run.warmup);
+  }
+  if (f.steps) {
+    g.run.steps = *f.steps;
+    g.hash += fmt::format("+steps{}", g.run.steps);
+  }
   if (!f.timeout.empty()) g.run.timeout_s = parse_timeout_flag(f.timeout);
   return g;
 }

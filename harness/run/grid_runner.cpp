@@ -181,8 +181,10 @@ int run_grid(const Grid& grid, const GridRunOptions& o) {
     results = load_results_file(o.out);
     const nlohmann::json hash = results.meta.value("grid_hash", nlohmann::json());
     if (!hash.is_string() || hash.get<std::string>() != grid.hash)
-      throw BadInput(fmt::format("{}: --resume with a different grid (hash {} vs {})",
-                                 o.out.string(), hash.dump(), grid.hash));
+      throw BadInput(fmt::format(
+          "{}: --resume with a different grid or run settings (--warmup, --steps, --capacity; "
+          "hash {} vs {})",
+          echo(o.out.string(), kEchoPathMax), echo(hash.dump()), echo(grid.hash)));
     for (const PointRow& p : results.points) done.insert(p.id);
   } else {
     results.meta = make_meta(o.backend, o.device_name, o.device_memory, &grid, grid.run.capacity);

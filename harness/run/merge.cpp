@@ -54,7 +54,10 @@ MergeOutcome merge_shards(const std::vector<std::string>& inputs,
   if (grid_path.empty()) return out;
 
   Grid g = load_grid(grid_path, merged.meta.value("backend", "cpu"));
-  if (merged.meta.value("grid_hash", "") != g.hash)
+  // The grid's own hash, without the "+warmup…" of flags that overrode its run settings (the
+  // shards agree on those among themselves, checked above).
+  const std::string shards_hash = merged.meta.value("grid_hash", "");
+  if (shards_hash.substr(0, shards_hash.find('+')) != g.hash)
     throw BadInput(fmt::format("merge: the shards are not of grid {} (hash {} vs {})",
                                grid_path.string(), merged.meta.value("grid_hash", ""), g.hash));
   // Keep the grid's order, so a merged file reads like a single-machine run.

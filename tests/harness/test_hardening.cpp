@@ -310,5 +310,35 @@ TEST(Hardening, TheNextRunReclaimsADeadRunsScratchFolder) {
   EXPECT_TRUE(fs::exists(live));
 }
 
+// --resume with other run settings than the file's is bad input (before: exit 0, a file that
+// mixed both); with the same ones it finishes, here with nothing left to run.
+TEST(Hardening, ResumeRefusesOtherRunSettings) {
+  TempDir dir;
+  const std::string out = dir.file("r.json");
+  const std::string point = "run --model mlp-tiny --quiet --out " + out;
+  ASSERT_EQ(run_cli(point + " --steps 2 --warmup 1").rc, 0);
+  const std::string before = read_file(out);
+  expect_bad_input(point + " --steps 6 --warmup 2 --resume", "different grid or run settings");
+  expect_bad_input(point + " --steps 2 --warmup 1 --capacity 8GiB --resume",
+                   "different grid or run settings");
+  expect_bad_input(point + " --resume", "different grid or run settings");  // the defaults
+  EXPECT_EQ(read_file(out), before);
+  const CliResult same = run_cli(point + " --steps 2 --warmup 1 --resume");
+  EXPECT_EQ(same.rc, 0) << same.err;
+  EXPECT_EQ(json::parse(read_file(out))["points"].size(), 1u);
+  // Shards run with the same overrides still merge against their grid file.
+  write_file(dir.file("g.toml"), "[axes]\nmodel = [\"mlp-tiny\"]\nbatch_size = [2, 4]\n");
+  for (int i = 0; i < 2; ++i)
+    ASSERT_EQ(
+        run_cli(fmt::format("run --grid {} --shard {}/2 --steps 2 --warmup 1 --quiet --out {}",
+                            dir.file("g.toml"), i, dir.file(fmt::format("s{}.json", i))))
+            .rc,
+        0);
+  const CliResult merged =
+      run_cli(fmt::format("merge {} {} --grid {} -o {}", dir.file("s0.json"), dir.file("s1.json"),
+                          dir.file("g.toml"), dir.file("m.json")));
+  EXPECT_EQ(merged.rc, 0) << merged.err;
+}
+
 }  // namespace
 }  // namespace memtrade

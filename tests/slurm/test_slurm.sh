@@ -309,7 +309,8 @@ say "requeued task ${first_job}_3 restarted and resumed its own file (point 1 ke
 
 say "resubmitting shard 2 only"
 before=$(npoints "$out/shard-2.json")
-submit "$grid" "$shards" "$out" 2
+# With the run settings it started with: --resume refuses others (they would mix in one file).
+MEMTRADE_ARGS="--steps $steps" submit "$grid" "$shards" "$out" 2
 state=$(wait_done "$merge_job" 300) || fail "merge job $merge_job not done within 300 s ($state)"
 sed 's/^/  merge.log: /' "$out/merge.log"
 [ "$state" = COMPLETED ] || fail "merge job after the resubmission ended $state"
