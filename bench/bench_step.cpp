@@ -111,9 +111,12 @@ void BM_LargestGemm(benchmark::State& state) {
   const bool conv = state.range(3) == 4;
   const bool own = path != cpu::GemmPath::blas;
   const std::int64_t width = conv && own ? cpu::gemm_panel_width() : 0;
-  cpu::AlignedFloats panels(
-      static_cast<float*>(std::aligned_alloc(64, ((n * k * 4 + 63) / 64) * 64)));
-  if (conv) std::copy(b.begin(), b.end(), panels.get());  // n / width panels of (k, width)
+  cpu::AlignedFloats panels;  // the im2col tiles: n / width panels of (k, width), 64-byte aligned
+  if (width > 0) {
+    panels.reset(static_cast<float*>(std::aligned_alloc(64, ((n * k * 4 + 63) / 64) * 64)));
+    if (!panels) throw std::bad_alloc();
+    std::copy(b.begin(), b.end(), panels.get());
+  }
   for (auto _ : state) {
     if (conv && own) {
       const cpu::PackedA packed(false, m, k, a.data(), k);

@@ -20,10 +20,6 @@ namespace memtrade::bench {
 
 enum class FmaIsa { avx2, avx512 };
 
-inline const char* fma_isa_name(FmaIsa isa) {
-  return isa == FmaIsa::avx2 ? "avx2" : "avx512";
-}
-
 inline bool fma_isa_available(FmaIsa isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
   return isa == FmaIsa::avx2 ? __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")

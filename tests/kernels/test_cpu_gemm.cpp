@@ -164,8 +164,10 @@ TEST_F(CpuGemm, PackedAItsRowRangesAndBAlreadyInPanelFormGiveTheSameBits) {
     cpu::set_gemm_path(path);
     const std::int64_t width = cpu::gemm_panel_width(), panel = cpu::gemm_panel_rows();
     SCOPED_TRACE(cpu::gemm_path_name(path));
-    for (bool ta : {false, true}) {
-      const std::int64_t m = 70, k = 600, n = width;
+    // m = 300: more rows than one packed block (kMc), so the whole A is packed in one pack_a.
+    for (const auto& [ta, m] :
+         {std::pair{false, 70}, std::pair{true, 70}, std::pair{false, 300}, std::pair{true, 300}}) {
+      const std::int64_t k = 600, n = width;
       const std::int64_t lda = (ta ? m : k) + 1;
       const std::vector<float> a = rand_vec(static_cast<std::size_t>((ta ? k : m) * lda), 5, 1.0f);
       // B (k, width) twice: rows `width` floats apart and 64-byte aligned (read in place as its

@@ -150,9 +150,10 @@ def bf16_twin_grads(out, meta, gemms):
 
 def bf16_valued(grads):
     """The names of the gradient tensors every element of which is a bf16 value."""
-    return {n for n, g in grads.items()
-            if torch.equal(torch.from_numpy(np.asarray(g, np.float32)).bfloat16().float(),
-                           torch.from_numpy(np.asarray(g, np.float32)))}
+    def exact(g):
+        t = torch.from_numpy(np.asarray(g, np.float32))
+        return torch.equal(t.bfloat16().float(), t)
+    return {n for n, g in grads.items() if exact(g)}
 
 
 # memtrade's bf16 autocast (the torch-cpu policy) against PyTorch's CPU autocast (torch 1.13) on
@@ -209,9 +210,9 @@ def test_autocast_matches_pytorch_cpu_autocast(memtrade_bin, tmp_path, model, fl
     # cast of a bf16 gradient (at accumulation 1), so the same tensors hold bf16 values on both.
     # (This is what tells bf16 from fp32 on the small models: an fp32 run is within 2·eps of
     # the reference too.)
-    assert bf16_valued(got) == bf16_valued(grads), (
-        f"bf16-valued gradients: memtrade only {sorted(bf16_valued(got) - bf16_valued(grads))}, "
-        f"PyTorch only {sorted(bf16_valued(grads) - bf16_valued(got))}")
+    ours, theirs = bf16_valued(got), bf16_valued(grads)
+    assert ours == theirs, (f"bf16-valued gradients: memtrade only {sorted(ours - theirs)}, "
+                            f"PyTorch only {sorted(theirs - ours)}")
     assert abs(got_loss - loss) <= eps / 16 * abs(loss), (got_loss, loss)
     for name in meta["params"]:
         err = rel_l2(got[name], grads[name])
