@@ -127,6 +127,9 @@ int cli_main(int argc, char** argv) {
   } catch (const OutOfMemory& e) {
     std::fprintf(stderr, "memtrade: %s\n", one_line(e.what()).c_str());
     return 3;
+  } catch (const std::bad_alloc&) {  // host memory, outside the allocator: an OOM all the same
+    std::fprintf(stderr, "memtrade: out of memory: host memory exhausted (std::bad_alloc)\n");
+    return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memtrade: error: %s\n", one_line(e.what()).c_str());
     return 1;

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "harness/common/bad_input.h"
+#include "harness/common/output_file.h"
 #include "harness/gate/compare.h"
 #include "harness/gate/compare_ab.h"
 #include "harness/gate/compare_report.h"
@@ -19,10 +20,7 @@ namespace {
 using nlohmann::json;
 
 void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  if (!out) throw BadInput(fmt::format("{}: cannot write file", path));
-  out << text;
-  if (!out.flush()) throw BadInput(fmt::format("{}: write failed", path));
+  write_file_atomic(path, text);
 }
 
 struct CompareArgs {
@@ -37,6 +35,14 @@ struct CompareArgs {
 
 int cmd_compare(const CompareArgs& a) {
   const ReportFormat format = parse_report_format(a.format);
+  // Before any work (an A/B run takes minutes): every report file can be written.
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--output", a.output},
+                                   {"--write-markdown", a.write_markdown},
+                                   {"--write-json", a.write_json},
+                                   {"--write-junit", a.write_junit},
+                                   {"--save-base", a.save_base},
+                                   {"--save-head", a.save_head}})
+    check_output_file(flag, path);
   const Thresholds thresholds =
       a.thresholds.empty() ? Thresholds() : Thresholds::load(a.thresholds);
   ResultSet base, head;
@@ -188,6 +194,7 @@ int cmd_history_baseline(const HistoryArgs& a) {
     const json doc = read_json_file(a.like);
     q.machine = machine_fingerprint(doc.contains("meta") ? doc["meta"] : json::object());
   }
+  check_output_file("--out", a.out);
   const auto doc = history_baseline(a.db, q);
   if (!doc) {
     std::fprintf(stderr, "memtrade: no baseline in %s for branch %s%s\n", a.db.c_str(),

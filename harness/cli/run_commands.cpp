@@ -13,6 +13,7 @@
 #include "harness/cli/command.h"
 #include "harness/cli/knob_flags.h"
 #include "harness/common/bad_input.h"
+#include "harness/common/output_file.h"
 #include "harness/run/estimate.h"
 #include "harness/run/fit.h"
 #include "harness/run/grid.h"
@@ -204,16 +205,17 @@ int cmd_run(CLI::App& cmd, RunFlags& f) {
   o.out = !f.out.empty() ? f.out : fmt::format("out/{}.json", g.name);
   refuse_overwriting_inputs({{"--out", o.out.string()}, {"--csv", f.csv}, {"--trace", f.trace}},
                             f.grid, g);
+  // Every output is checked before the first point: not after hours of measuring.
+  check_output_file("--out", o.out);
+  check_output_file("--csv", f.csv);
+  check_output_file("--trace", f.trace);
   o.resume = f.resume;
   o.threads = f.knobs.threads;
   o.trace_path = f.trace;
   o.quiet = f.quiet;
   o.shard = f.shard;
   int code = run_grid(g, o);
-  if (!f.csv.empty()) {
-    std::ofstream out(f.csv);
-    out << results_csv(load_results_file(o.out));
-  }
+  if (!f.csv.empty()) write_file_atomic(f.csv, results_csv(load_results_file(o.out)));
   return code;
 }
 
@@ -274,6 +276,7 @@ int cmd_fit(CLI::App& cmd, RunFlags& f, const FitOptions& defaults, const std::s
   o.capacity = g.run.capacity;
   o.threads = f.knobs.threads;
   refuse_overwriting_inputs({{"--json", json_out}}, f.grid, g);
+  check_output_file("--json", json_out);
   fmt::print("{:>9} {:>11} {:>9}  {}\n", "max batch", "peak", "confirmed", "knobs (batch 1 id)");
   nlohmann::json rows = nlohmann::json::array();
   for (const FitRow& r : fit_points(g.points, o)) {
@@ -289,6 +292,7 @@ int cmd_fit(CLI::App& cmd, RunFlags& f, const FitOptions& defaults, const std::s
 
 int cmd_merge(const std::vector<std::string>& inputs, const std::string& out,
               const std::string& grid_path) {
+  check_output_file("--out", out);
   MergeOutcome m = merge_shards(inputs, grid_path);
   write_json_atomic(out, m.merged.to_json());
   fmt::print("merged {} points from {} files into {}\n", m.merged.points.size(), inputs.size(),
@@ -422,14 +426,12 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
     if (!export_out.empty() && same_file(export_in, export_out))
       throw BadInput(fmt::format("export: --out {} is the results file: refusing to overwrite it",
                                  echo(export_out, kEchoPathMax)));
+    check_output_file("--out", export_out);
     std::string csv = results_csv(load_results_file(export_in));
-    if (export_out.empty()) {
+    if (export_out.empty())
       fmt::print("{}", csv);
-    } else {
-      std::ofstream out(export_out);
-      if (!out) throw BadInput("export: cannot write " + echo(export_out, kEchoPathMax));
-      out << csv;
-    }
+    else
+      write_file_atomic(export_out, csv);
     return 0;
   });
 }

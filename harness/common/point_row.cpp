@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 
 #include "harness/common/bad_input.h"
+#include "harness/common/output_file.h"
+#include "models/input_text.h"
 
 namespace memtrade {
 namespace {
@@ -263,20 +265,21 @@ ResultsFile ResultsFile::from_json(const json& doc, const std::string& label) {
 }
 
 json read_json_file(const std::filesystem::path& path) {
+  const std::string name = echo(path.string(), kEchoPathMax);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw BadInput(fmt::format("{}: is a folder, not a file", name));
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw BadInput(fmt::format("{}: cannot read file", path.string()));
+  if (!in) throw BadInput(fmt::format("{}: cannot read file", name));
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
-    throw BadInput(fmt::format("{}: empty file", path.string()));
+    throw BadInput(fmt::format("{}: empty file", name));
   try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw BadInput(
-        fmt::format("{}: invalid JSON (truncated or garbage?) at byte {}", path.string(), e.byte));
-  } catch (const json::exception& e) {  // a number out of range (1e400): no crash, one line
-    throw BadInput(fmt::format("{}: unreadable JSON (a number out of range?)", path.string()));
+    return parse_json_input(text);  // nlohmann's limits plus a depth bound: never a crash
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(fmt::format("{}: {}", name, e.what()));
   }
 }
 
@@ -285,17 +288,7 @@ ResultsFile load_results_file(const std::filesystem::path& path) {
 }
 
 void write_json_atomic(const std::filesystem::path& path, const json& j) {
-  auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  if (!dir.empty()) std::filesystem::create_directories(dir);
-  auto tmp = dir / fmt::format(".{}.{}.tmp", path.filename().string(), getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write " + tmp.string());
-    out << j.dump(1) << "\n";
-    out.flush();
-    if (!out) throw std::runtime_error("write failed: " + tmp.string());
-  }
-  std::filesystem::rename(tmp, path);
+  write_file_atomic(path, j.dump(1) + "\n");
 }
 
 }  // namespace memtrade

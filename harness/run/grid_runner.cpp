@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "harness/common/bad_input.h"
+#include "harness/common/output_file.h"
 #include "harness/common/process.h"
 #include "harness/run/point_child.h"
 #include "harness/run/results.h"
@@ -118,36 +119,69 @@ namespace {
 // An advisory lock (flock) on `.<out>.lock` beside the results file, held while a run writes it:
 // a second run on the same --out is bad input instead of two runs replacing each other's file
 // (the first one's points lost). Beside, not on, the file: each write replaces the file itself
-// (a new inode). The lock file stays (empty): removing it could let a third run lock a new one
-// while a second still holds the old.
+// (a new inode). The lock file is removed when the run ends, while still locked; a run that
+// opened it just before and then got the lock finds the path gone or another inode there, and
+// starts over (the usual protocol for removable lock files).
 class OutLock {
  public:
   explicit OutLock(const std::filesystem::path& out) {
     const auto dir = out.parent_path().empty() ? std::filesystem::path(".") : out.parent_path();
-    const auto path = dir / fmt::format(".{}.lock", out.filename().string());
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) return;  // an unwritable folder: the results file's own write says so
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      ::close(fd_);
-      fd_ = -1;
-      // Held by another run; any other failure (a file system without locks: ENOLCK) leaves
-      // the run unlocked, as before, rather than refusing it.
-      if (err != EWOULDBLOCK) return;
-      throw BadInput(fmt::format(
-          "--out {}: another memtrade run is writing it (lock {}); wait for "
-          "it to end or choose another --out",
-          echo(out.string(), kEchoPathMax), echo(path.filename().string(), kEchoPathMax)));
+    path_ = dir / fmt::format(".{}.lock", out.filename().string());
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd_ < 0) return;  // an unwritable folder: checked before, and the write says so
+      if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        release(false);
+        // Held by another run; any other failure (a file system without locks: ENOLCK) leaves
+        // the run unlocked, as before, rather than refusing it.
+        if (err != EWOULDBLOCK) return;
+        throw BadInput(fmt::format(
+            "--out {}: another memtrade run is writing it (lock {}); wait for "
+            "it to end or choose another --out",
+            echo(out.string(), kEchoPathMax), echo(path_.filename().string(), kEchoPathMax)));
+      }
+      struct stat held {
+      }, named{};
+      if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 &&
+          held.st_ino == named.st_ino && held.st_dev == named.st_dev)
+        return;        // locked, and it is the file the path names
+      release(false);  // removed by the run that held it: lock the path's file anew
     }
   }
-  ~OutLock() {
-    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
-  }
+  ~OutLock() { release(true); }
   OutLock(const OutLock&) = delete;
   OutLock& operator=(const OutLock&) = delete;
 
  private:
+  void release(bool remove) {
+    if (fd_ < 0) return;
+    if (remove) ::unlink(path_.c_str());  // while locked: no other run holds this inode
+    ::close(fd_);                         // closing releases the lock
+    fd_ = -1;
+  }
+  std::filesystem::path path_;
   int fd_ = -1;
+};
+
+// The run's scratch folder (memtrade-<pid> in $TMPDIR: job and result files, the child's
+// stderr), removed on every way out of run_grid, exceptions included.
+class ScratchDir {
+ public:
+  ScratchDir()
+      : path_(std::filesystem::temp_directory_path() / fmt::format("memtrade-{}", getpid())) {
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
 };
 
 // The scratch folders (memtrade-<pid>) of runs that died without cleaning up (kill -9, a node
@@ -175,6 +209,7 @@ void reclaim_stale_work_dirs(const std::filesystem::path& tmp) {
 
 int run_grid(const Grid& grid, const GridRunOptions& o) {
   const OutLock lock(o.out);
+  remove_stale_temporaries(o.out);  // of a run killed mid-write (never ours: we hold the lock)
   ResultsFile results;
   std::set<std::string> done;
   if (o.resume && std::filesystem::exists(o.out)) {
@@ -198,8 +233,8 @@ int run_grid(const Grid& grid, const GridRunOptions& o) {
 
   install_interrupt_handlers();
   reclaim_stale_work_dirs(std::filesystem::temp_directory_path());
-  auto work = std::filesystem::temp_directory_path() / fmt::format("memtrade-{}", getpid());
-  std::filesystem::create_directories(work);
+  const ScratchDir scratch;
+  const std::filesystem::path& work = scratch.path();
   Progress progress(grid.points.size(), o.quiet);
   std::size_t finished = done.size();
   bool failures = false;
@@ -247,10 +282,22 @@ int run_grid(const Grid& grid, const GridRunOptions& o) {
     row.wall_s = outcome.seconds;
     failures |= row.status == "error" || row.status == "timeout";
     results.points.push_back(row);
-    write_json_atomic(o.out, results.to_json());
+    try {
+      write_json_atomic(o.out, results.to_json());
+    } catch (const WriteError& e) {
+      // A full disk (or quota, or I/O error): the file keeps every point saved before (the
+      // write is atomic), and the point just measured goes to stdout, so nothing is lost. The
+      // run stops: the next points could not be saved either. --resume runs what is missing.
+      fmt::print("{}\n", row.to_json().dump());
+      std::fflush(stdout);
+      fmt::print(stderr,
+                 "memtrade: {}; the file keeps its {} points as they were, the row of {} is on "
+                 "stdout; free space and finish with --resume\n",
+                 e.what(), results.points.size() - 1, echo(row.id, kEchoPathMax));
+      return 1;
+    }
     progress.finished(++finished, row);
   }
-  std::filesystem::remove_all(work);
   if (!o.quiet) {
     if (code == 130)
       fmt::print(stderr, "interrupted: {} of {} points are in {} (finish with --resume)\n",

@@ -59,7 +59,8 @@ PointJob job_from_json(const nlohmann::json& j) {
 namespace {
 
 // Fault injection for the harness's own tests: MEMTRADE_FAULT="crash:ID-SUBSTRING" (SIGSEGV),
-// "hang:..." (never returns), "exit:..." (exit 3 without a result) or "bloat:..." (1 MiB more
+// "hang:..." (never returns), "exit:..." (exit 3 without a result), "bad_alloc:..." (host memory
+// exhausted outside the allocator, as the step starts) or "bloat:..." (1 MiB more
 // device memory held through the run: a planted memory regression) in the point whose id
 // contains the substring. Nothing else reads it.
 bool fault_requested(const std::string& id, const std::string& want) {
@@ -103,6 +104,21 @@ void maybe_inject_fault(const std::string& id) {
   if (kind == "hang")
     for (;;) pause();
   if (kind == "exit") std::_Exit(3);
+}
+
+// An oom row: the allocator's figures up to the failed request, so the row still says how far
+// the step got.
+void oom_row(PointRow& row, Device& dev, const std::string& message) {
+  const AllocatorStats& s = dev.memory().stats();
+  row.status = "oom";
+  row.error = message;
+  MemoryFigures mem;
+  mem.peak_allocated = s.allocated.peak;
+  mem.peak_requested = s.requested.peak;
+  mem.peak_reserved = s.reserved.peak;
+  mem.breakdown_at_peak = breakdown_of(s.by_category_at_peak);
+  mem.host_pinned_peak = dev.pinned().stats().allocated.peak;
+  row.memory = mem;
 }
 
 }  // namespace
@@ -151,6 +167,7 @@ PointRow run_point_row(const PointJob& job) {
   ro.steps = job.steps;
   ro.trace_last_step = !job.trace_path.empty();
   try {
+    if (fault_requested(job.point.id, "bad_alloc")) throw std::bad_alloc();
     PointMeasurement m = run_point(*dev, *model, cfg, ro);
     fill_measurement(row, m);
     add_prediction(*row.memory);
@@ -166,17 +183,17 @@ PointRow run_point_row(const PointJob& job) {
     }
     if (ro.trace_last_step) write_trace(job, row.config, m);
   } catch (const OutOfMemory& e) {
-    const AllocatorStats& s = dev->memory().stats();
-    row.status = "oom";
-    row.error = e.what();
-    MemoryFigures mem;
-    mem.peak_allocated = s.allocated.peak;
-    mem.peak_requested = s.requested.peak;
-    mem.peak_reserved = s.reserved.peak;
-    mem.breakdown_at_peak = breakdown_of(s.by_category_at_peak);
-    mem.host_pinned_peak = dev->pinned().stats().allocated.peak;
-    add_prediction(mem);
-    row.memory = mem;
+    oom_row(row, *dev, e.what());
+    add_prediction(*row.memory);
+  } catch (const std::bad_alloc&) {
+    // Host memory ran out outside the device allocator (a std::vector, a library's buffer): the
+    // same verdict as the allocator's, with what the allocator held when it happened.
+    oom_row(row, *dev,
+            fmt::format("out of memory: host memory exhausted outside the allocator "
+                        "(std::bad_alloc); {} allocated, {} reserved",
+                        format_bytes(dev->memory().stats().allocated.current),
+                        format_bytes(dev->memory().stats().reserved.current)));
+    add_prediction(*row.memory);
   } catch (const std::exception& e) {
     row.status = "error";
     row.error = e.what();
