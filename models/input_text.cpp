@@ -122,6 +122,9 @@ json parse_json_input(std::string_view text) {
       throw TooDeep{};
     return true;
   };
+  // nlohmann's lexer ends the input at a NUL byte: "{...}\0garbage" would parse as "{...}".
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos)
+    fail(fmt::format("not JSON (a NUL byte at offset {})", nul));
   try {
     return json::parse(text, limit);
   } catch (const TooDeep&) {

@@ -21,7 +21,9 @@ fs::path folder_of(const fs::path& path) {
   return path.has_parent_path() ? path.parent_path() : fs::path(".");
 }
 
-std::string shown(const fs::path& path) { return echo(path.string(), kEchoPathMax); }
+std::string shown(const fs::path& path) {
+  return echo(path.string(), kEchoPathMax);
+}
 
 [[noreturn]] void refuse(std::string_view flag, const fs::path& path, std::string_view why) {
   throw BadInput(fmt::format("{}{}{}: cannot write there: {}", flag, flag.empty() ? "" : " ",

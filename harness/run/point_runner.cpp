@@ -136,7 +136,11 @@ int run_point_and_print(Device& dev, Model& model, const TrainConfig& cfg,
              m.median_s * 1e3, m.p10_s * 1e3, m.p90_s * 1e3, m.cv * 100, m.samples_s.size());
   fmt::print("  throughput   {:.1f} samples/s, {:.0f} tokens/s, {:.2f} GFLOP/s\n", m.samples_per_s,
              m.tokens_per_s, m.median_s > 0 ? m.flops_per_step / m.median_s / 1e9 : 0.0);
-  return std::isfinite(m.loss_last) ? 0 : 1;
+  if (std::isfinite(m.loss_first) && std::isfinite(m.loss_last)) return 0;
+  // The figures above are measured and kept; the exit code and this line say the math failed.
+  fmt::print(stderr, "memtrade: non-finite loss ({} -> {}): the step diverged\n", m.loss_first,
+             m.loss_last);
+  return 1;
 }
 
 }  // namespace memtrade

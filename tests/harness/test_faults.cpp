@@ -110,8 +110,8 @@ TEST(Faults, KillNineOfTheParentAtAnyMomentThenResume) {
   TempDir dir;
   write_file(dir.file("g.toml"), kGrid);
   const std::string out = dir.file("r.json");
-  const std::vector<std::string> args = {"run", "--grid", dir.file("g.toml"), "--quiet", "--out",
-                                         out};
+  const std::vector<std::string> args = {"run",     "--grid", dir.file("g.toml"),
+                                         "--quiet", "--out",  out};
   std::map<std::string, json> seen;  // every point some run finished, as it was then
   for (const std::size_t wait_for : {0u, 1u, 3u}) {
     SCOPED_TRACE(fmt::format("killed after {} points", wait_for));
@@ -144,7 +144,8 @@ TEST(Faults, KillNineOfTheParentAtAnyMomentThenResume) {
     for (pid_t kid : kids) EXPECT_FALSE(alive(kid)) << "point process " << kid << " lives";
   }
   setenv("TMPDIR", dir.path().c_str(), 1);
-  const CliResult r = run_cli("run --grid " + dir.file("g.toml") + " --quiet --resume --out " + out);
+  const CliResult r =
+      run_cli("run --grid " + dir.file("g.toml") + " --quiet --resume --out " + out);
   unsetenv("TMPDIR");
   ASSERT_EQ(r.rc, 0) << r.err;
   std::set<std::string> ids;
@@ -206,8 +207,9 @@ TEST(Faults, KillNineOfAPointProcessIsARow) {
 // (neither root nor user namespaces).
 TEST(Faults, AFullDiskLosesNoPoint) {
   TempDir dir;
-  std::string grid = "[run]\nbackend = \"cpu\"\nwarmup = 0\nsteps = 1\n[axes]\nmodel = "
-                     "[\"mlp-tiny\"]\nbatch_size = [";
+  std::string grid =
+      "[run]\nbackend = \"cpu\"\nwarmup = 0\nsteps = 1\n[axes]\nmodel = "
+      "[\"mlp-tiny\"]\nbatch_size = [";
   for (int b = 1; b <= 24; ++b) grid += fmt::format("{}{}", b > 1 ? ", " : "", b);
   write_file(dir.file("g.toml"), grid + "]\n");
   fs::create_directories(dir.path() / "disk");
@@ -259,8 +261,10 @@ TEST(Faults, OutputsThatCannotBeWrittenAreRefusedBeforeTheFirstPoint) {
   fs::create_directories(dir.path() / "folder");
   const std::string point = "run --backend cpu --model mlp-tiny --steps 1 --warmup 0 --quiet ";
   for (const auto& [flags, what] : std::vector<std::pair<std::string, std::string>>{
-           {"--out " + dir.file("folder"), "--out " + dir.file("folder") + ": cannot write there: it is a folder"},
-           {"--out " + dir.file("file/r.json"), "cannot write there: " + dir.file("file") + " is a file"},
+           {"--out " + dir.file("folder"),
+            "--out " + dir.file("folder") + ": cannot write there: it is a folder"},
+           {"--out " + dir.file("file/r.json"),
+            "cannot write there: " + dir.file("file") + " is a file"},
            {"--out " + dir.file("r.json") + " --csv " + dir.file("file/x.csv"), "--csv"},
            {"--out " + dir.file("r.json") + " --trace " + dir.file("file/t.json"), "--trace"},
            {"--out /proc/r.json", "--out /proc/r.json: cannot write there"}}) {
@@ -298,8 +302,10 @@ TEST(Faults, OutputsThatCannotBeWrittenAreRefusedBeforeTheFirstPoint) {
 TEST(Faults, HostMemoryExhaustedIsAnOomRow) {
   TempDir dir;
   setenv("MEMTRADE_FAULT", "bad_alloc:mlp-tiny", 1);
-  const CliResult r = run_cli("run --backend cpu --model mlp-tiny --steps 1 --warmup 0 --quiet "
-                              "--out " + dir.file("r.json"));
+  const CliResult r = run_cli(
+      "run --backend cpu --model mlp-tiny --steps 1 --warmup 0 --quiet "
+      "--out " +
+      dir.file("r.json"));
   unsetenv("MEMTRADE_FAULT");
   EXPECT_EQ(r.rc, 0) << r.err;  // an oom is a measured outcome, not a failure of the run
   const json p = json::parse(read_file(dir.file("r.json")))["points"][0];
@@ -314,8 +320,9 @@ TEST(Faults, HostMemoryExhaustedIsAnOomRow) {
                                  .c_str());
   EXPECT_EQ(WEXITSTATUS(st), 3) << read_file(io.file("e"));
   EXPECT_NE(read_file(io.file("e")).find("out of memory: tried to allocate"), std::string::npos);
-  const int rs = std::system((capped + "run --backend cpu --model gpt-tiny --batch-size 8192 "
-                                       "--steps 1 --warmup 0 --quiet --out " +
+  const int rs = std::system((capped +
+                              "run --backend cpu --model gpt-tiny --batch-size 8192 "
+                              "--steps 1 --warmup 0 --quiet --out " +
                               dir.file("u.json") + " 2>" + io.file("e2"))
                                  .c_str());
   EXPECT_EQ(WEXITSTATUS(rs), 0) << read_file(io.file("e2"));
@@ -338,7 +345,8 @@ TEST(Faults, ADeeplyNestedResultsFileIsBadInput) {
     const CliResult r = run_cli(cmd);
     EXPECT_EQ(r.rc, 2);
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err.substr(0, 300);
-    EXPECT_NE(r.err.find("nested deeper than 64 levels"), std::string::npos) << r.err.substr(0, 300);
+    EXPECT_NE(r.err.find("nested deeper than 64 levels"), std::string::npos)
+        << r.err.substr(0, 300);
   }
 }
 
@@ -347,10 +355,14 @@ TEST(Faults, ADeeplyNestedResultsFileIsBadInput) {
 // row, the measurements were gone).
 TEST(Faults, ANonFiniteLossKeepsTheRowsMeasurements) {
   TempDir dir;
-  const json cfg = {{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", 64},
-                    {"num_hidden_layers", 2},                {"num_attention_heads", 4},
-                    {"num_key_value_heads", 2},              {"intermediate_size", 128},
-                    {"vocab_size", 256},                     {"max_position_embeddings", 32},
+  const json cfg = {{"architectures", {"LlamaForCausalLM"}},
+                    {"hidden_size", 64},
+                    {"num_hidden_layers", 2},
+                    {"num_attention_heads", 4},
+                    {"num_key_value_heads", 2},
+                    {"intermediate_size", 128},
+                    {"vocab_size", 256},
+                    {"max_position_embeddings", 32},
                     {"rope_theta", 1e-300}};
   write_file(dir.file("c.json"), cfg.dump());
   const CliResult r = run_cli("run --backend cpu --model-config " + dir.file("c.json") +
@@ -364,6 +376,13 @@ TEST(Faults, ANonFiniteLossKeepsTheRowsMeasurements) {
   EXPECT_GT(p["memory"]["peak_allocated"].get<std::int64_t>(), 0);
   EXPECT_GT(p["time"]["median_s"].get<double>(), 0);
   EXPECT_EQ(run_cli("export " + dir.file("r.json")).rc, 0);
+  // `step` prints its figures, exits 1 and says why on stderr (before: exit 1, nothing said).
+  const CliResult step = run_cli("step --backend cpu --model-config " + dir.file("c.json") +
+                                 " --seq-len 16 --batch-size 2");
+  EXPECT_EQ(step.rc, 1);
+  EXPECT_NE(step.out.find("peak memory"), std::string::npos);
+  EXPECT_EQ(step.err.rfind("memtrade: non-finite loss (", 0), 0u) << step.err;
+  EXPECT_EQ(std::count(step.err.begin(), step.err.end(), '\n'), 1) << step.err;
 }
 
 }  // namespace

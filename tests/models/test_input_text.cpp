@@ -75,6 +75,9 @@ TEST(ParseJsonInput, RefusesDeepNestingAndOverflowingNumbersAsOneLine) {
   EXPECT_LT(bad.size(), 400u);
   // 64 levels are read.
   EXPECT_NO_THROW(parse_json_input(std::string(64, '[') + std::string(64, ']')));
+  // A NUL byte ends nlohmann's input: "{...}\0garbage" read as "{...}" before (found by the
+  // fuzzer, tests/fuzz).
+  EXPECT_EQ(parse_error(std::string("{\"a\": 1}\0xx", 11)), "not JSON (a NUL byte at offset 8)");
 }
 
 std::string hf_error(const json& j) {
