@@ -8,7 +8,8 @@
 #
 # Steps: build (unless BUILD points at an existing build) -> run the grid -> fetch the baseline
 # (the newest run of BRANCH on this machine fingerprint from the history DB) -> compare (Markdown,
-# JUnit and JSON) -> render the report -> add the run to the history -> exit.
+# JUnit and JSON) -> render the report -> add the run to the history -> change points of every
+# point's series in the history (a regression starting within the last 2 runs fails) -> exit.
 #
 # Exit status: 0 no regression, 1 regression (or the run itself failed), 2 bad input / setup.
 # Decision: the run is ALWAYS added to the history, marked with the gate's outcome (ok,
@@ -125,9 +126,25 @@ fi
 # ---- history ----------------------------------------------------------------------------------
 "$MEMTRADE" history add "$RESULTS" --db "$DB" --branch "$BRANCH" --gate "$gate"
 
+# ---- change points over the history ----------------------------------------------------------
+# Last night against tonight misses what creeps in over nights and what one noisy night hides;
+# the series of every point does not (E-divisive means, docs/design.md "The gate over history").
+# A regression that starts within the last 2 runs (the first night it can be confirmed) fails.
+changes_rc=0
+"$MEMTRADE" history changes --db "$DB" --branch "$BRANCH" > "$OUT/changes.txt" || changes_rc=$?
+"$MEMTRADE" history changes --db "$DB" --branch "$BRANCH" --json > "$OUT/changes.json" || true
+if [[ $changes_rc -eq 1 ]]; then
+  printf '\n## Change points\n\n```\n%s\n```\n' "$(cat "$OUT/changes.txt")" >> "$OUT/compare.md"
+elif [[ $changes_rc -ne 0 ]]; then
+  log "history changes failed with exit $changes_rc"
+fi
+
 # ---- verdict ----------------------------------------------------------------------------------
 [[ -f "$OUT/compare.md" ]] && cat "$OUT/compare.md" >&2
 if [[ $compare_rc -ge 2 ]]; then exit 2; fi
 if [[ $gate == regression ]]; then log "REGRESSION (see $OUT/compare.md)"; exit 1; fi
+if [[ $changes_rc -eq 1 && $ACCEPT_REGRESSION != 1 ]]; then
+  log "CHANGE POINT: a regression starts within the last 2 runs (see $OUT/changes.txt)"; exit 1
+fi
 if [[ $run_rc -ne 0 ]]; then exit 1; fi
 log "ok"

@@ -94,6 +94,7 @@ int cli_main(int argc, char** argv) {
   // ---- every module's subcommands (one line each) ----
   register_point_commands(app, cmds);
   register_gate_commands(app, cmds);
+  register_changes_command(app, cmds);
   register_run_commands(app, cmds);
   register_report_commands(app, cmds);
   register_advise_commands(app, cmds);

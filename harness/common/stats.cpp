@@ -105,6 +105,69 @@ MannWhitney mann_whitney(std::span<const double> x, std::span<const double> y, M
   return r;
 }
 
+namespace {
+
+// The continued fraction of the regularized incomplete beta function I_x(a, b), by the modified
+// Lentz method (converges fast for x < (a + 1) / (a + b + 2); the caller flips otherwise).
+double beta_continued_fraction(double a, double b, double x) {
+  constexpr double kTiny = 1e-300, kEps = 1e-15;
+  double c = 1, d = 1 - (a + b) * x / (a + 1);
+  d = 1 / (std::abs(d) < kTiny ? kTiny : d);
+  double h = d;
+  for (int m = 1; m <= 500; ++m) {
+    const double md = m;
+    for (int half = 0; half < 2; ++half) {
+      const double num = half == 0
+                             ? md * (b - md) * x / ((a + 2 * md - 1) * (a + 2 * md))
+                             : -(a + md) * (a + b + md) * x / ((a + 2 * md) * (a + 2 * md + 1));
+      d = 1 + num * d;
+      d = 1 / (std::abs(d) < kTiny ? kTiny : d);
+      c = 1 + num / c;
+      if (std::abs(c) < kTiny) c = kTiny;
+      h *= c * d;
+      if (half == 1 && std::abs(c * d - 1) < kEps) return h;
+    }
+  }
+  return h;
+}
+
+double regularized_beta(double a, double b, double x) {
+  if (x <= 0) return 0;
+  if (x >= 1) return 1;
+  const double front = std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) +
+                                a * std::log(x) + b * std::log1p(-x));
+  if (x < (a + 1) / (a + b + 2)) return front * beta_continued_fraction(a, b, x) / a;
+  return 1 - front * beta_continued_fraction(b, a, 1 - x) / b;
+}
+
+}  // namespace
+
+double student_t_two_sided(double t, double df) {
+  if (!std::isfinite(t)) return 0;
+  // P(|T| >= |t|) = I_{df / (df + t^2)}(df / 2, 1 / 2).
+  return regularized_beta(df / 2, 0.5, df / (df + t * t));
+}
+
+double student_t_test(std::span<const double> x, std::span<const double> y) {
+  if (x.size() < 2 || y.size() < 2)
+    throw std::invalid_argument("student_t_test: two values a side");
+  auto moments = [](std::span<const double> v) {
+    const double n = static_cast<double>(v.size());
+    const double mean = std::accumulate(v.begin(), v.end(), 0.0) / n;
+    double ss = 0;
+    for (double e : v) ss += (e - mean) * (e - mean);
+    return std::pair{mean, ss};
+  };
+  const auto [mx, ssx] = moments(x);
+  const auto [my, ssy] = moments(y);
+  const double m = static_cast<double>(x.size()), n = static_cast<double>(y.size());
+  const double df = m + n - 2;
+  const double pooled = (ssx + ssy) / df;
+  if (pooled == 0) return mx == my ? 1.0 : 0.0;
+  const double t = (mx - my) / std::sqrt(pooled * (1 / m + 1 / n));
+  return student_t_two_sided(t, df);
+}
+
 std::vector<double> benjamini_hochberg(std::span<const double> p) {
   const std::size_t m = p.size();
   std::vector<std::size_t> order(m);

@@ -34,6 +34,15 @@ inline constexpr std::size_t kExactMax = 25;
 MannWhitney mann_whitney(std::span<const double> x, std::span<const double> y,
                          MwMethod method = MwMethod::automatic);
 
+// Student's two-sided t-test of the means of x and y with the pooled variance (df = m + n - 2):
+// the p-value. Pooled, not Welch: a short segment (2 runs after a change) estimates its own
+// variance badly, and Welch's test then finds changes in noise; the pooled estimate leans on
+// the longer side (as Otava's test does). Both need two values; with no spread at all the
+// means decide alone (p 0 when they differ, 1 when equal).
+double student_t_test(std::span<const double> x, std::span<const double> y);
+// P(|T| >= |t|) for Student's t with df degrees of freedom (df > 0, fractional allowed).
+double student_t_two_sided(double t, double df);
+
 // Benjamini-Hochberg step-up adjusted p-values (same order as the input): p_adj[i] <= alpha
 // rejects hypothesis i while keeping the false discovery rate at alpha.
 std::vector<double> benjamini_hochberg(std::span<const double> p);

@@ -10,6 +10,7 @@
 #include "harness/common/bad_input.h"
 #include "harness/common/stats.h"
 #include "harness/gate/compare.h"
+#include "models/input_text.h"
 
 #ifdef MEMTRADE_HAVE_SQLITE
 #include <sqlite3.h>
@@ -47,6 +48,10 @@ std::vector<HistoryRun> history_list(const std::string&) {
   no_sqlite();
 }
 std::vector<TrendRow> history_trend(const std::string&, const TrendQuery&) {
+  no_sqlite();
+}
+std::vector<HistorySeries> history_series(const std::string&, const std::string&,
+                                          const std::string&, const std::string&) {
   no_sqlite();
 }
 std::optional<json> history_baseline(const std::string&, const BaselineQuery&) {
@@ -160,6 +165,17 @@ std::string utc_now() {
   return buf;
 }
 
+void check_metric_column(const std::string& metric) {
+  static const char* const kColumns[] = {"peak_allocated", "peak_reserved", "predicted_peak",
+                                         "median_s",       "samples_per_s", "tokens_per_s"};
+  for (const char* c : kColumns)
+    if (metric == c) return;
+  throw BadInput(
+      fmt::format("--metric {}: expected peak_allocated, peak_reserved, "
+                  "predicted_peak, median_s, samples_per_s or tokens_per_s",
+                  echo(metric)));
+}
+
 std::string meta_text(const json& meta, const char* key) {
   return meta.contains(key) && meta[key].is_string() ? meta[key].get<std::string>() : "";
 }
@@ -236,15 +252,7 @@ std::vector<HistoryRun> history_list(const std::string& path) {
 }
 
 std::vector<TrendRow> history_trend(const std::string& path, const TrendQuery& q) {
-  static const char* const kColumns[] = {"peak_allocated", "peak_reserved", "predicted_peak",
-                                         "median_s",       "samples_per_s", "tokens_per_s"};
-  bool known = false;
-  for (const char* c : kColumns) known = known || q.metric == c;
-  if (!known)
-    throw BadInput(
-        fmt::format("--metric {}: expected peak_allocated, peak_reserved, "
-                    "predicted_peak, median_s, samples_per_s or tokens_per_s",
-                    q.metric));
+  check_metric_column(q.metric);
   Db db(path, false);
   // The column name comes from the whitelist above, never from raw input.
   std::string sql = fmt::format(
@@ -268,6 +276,32 @@ std::vector<TrendRow> history_trend(const std::string& path, const TrendQuery& q
       match = match && it != flat.end() && fnmatch(pattern.c_str(), it->second.c_str(), 0) == 0;
     }
     if (match) out.push_back({s.col_text(0), s.col_text(1), s.col_text(2), s.col_double(3)});
+  }
+  return out;
+}
+
+std::vector<HistorySeries> history_series(const std::string& path, const std::string& column,
+                                          const std::string& branch, const std::string& machine) {
+  check_metric_column(column);
+  Db db(path, false);
+  // The column name comes from the whitelist, never from raw input.
+  std::string sql = fmt::format(
+      "SELECT r.machine, r.backend, p.point_id, r.commit_hash, r.time, p.{} FROM points p "
+      "JOIN runs r ON p.run_id = r.id WHERE p.status = 'ok' AND p.{} IS NOT NULL",
+      column, column);
+  if (!branch.empty()) sql += " AND r.branch = ?1";
+  if (!machine.empty()) sql += " AND r.machine = ?2";
+  sql += " ORDER BY r.machine, p.point_id, r.time, r.id";
+  Stmt s(db, sql);
+  if (!branch.empty()) s.text(1, branch);
+  if (!machine.empty()) s.text(2, machine);
+  std::vector<HistorySeries> out;
+  while (s.step()) {
+    if (out.empty() || out.back().machine != s.col_text(0) || out.back().point_id != s.col_text(2))
+      out.push_back({s.col_text(2), column, s.col_text(0), s.col_text(1), {}, {}, {}});
+    out.back().commits.push_back(s.col_text(3));
+    out.back().times.push_back(s.col_text(4));
+    out.back().values.push_back(s.col_double(5));
   }
   return out;
 }

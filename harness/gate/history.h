@@ -49,11 +49,22 @@ struct BaselineQuery {
   bool include_regressed = false;  // also consider runs whose gate said "regression"
 };
 
+// One point's series of one metric on one machine, in run order (time, then id): what change
+// detection reads. Only `ok` rows carry a value.
+struct HistorySeries {
+  std::string point_id, column, machine, backend;
+  std::vector<double> values;
+  std::vector<std::string> commits, times;
+};
+
 // Adds a memtrade.results/1 document; returns the new run id. Creates the DB if needed.
 int64_t history_add(const std::string& db, const nlohmann::json& results,
                     const HistoryAddOptions& options);
 std::vector<HistoryRun> history_list(const std::string& db);
 std::vector<TrendRow> history_trend(const std::string& db, const TrendQuery& q);
+// Every (machine, point) series of `column` (a trend metric), optionally of one branch/machine.
+std::vector<HistorySeries> history_series(const std::string& db, const std::string& column,
+                                          const std::string& branch, const std::string& machine);
 // The newest matching run (by time, then id) rewritten as a memtrade.results/1 document.
 std::optional<nlohmann::json> history_baseline(const std::string& db, const BaselineQuery& q);
 

@@ -24,6 +24,7 @@ import tempfile
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import seed as hypothesis_seed
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.path.abspath(os.environ.get("MEMTRADE_BIN", str(ROOT / "build" / "memtrade")))
@@ -39,10 +40,13 @@ TABLE_MODE = bool(os.environ.get("MEMTRADE_FUZZ_TABLE"))  # count every outcome,
 
 def cases(n):
     kw = dict(max_examples=max(1, int(n * SCALE)), deadline=None, database=None,
-              suppress_health_check=list(HealthCheck), print_blob=True)
-    if SEED is None:
-        kw["derandomize"] = True
-    return settings(**kw)
+              suppress_health_check=list(HealthCheck), print_blob=True,
+              derandomize=SEED is None)
+
+    def decorate(test):
+        test = settings(**kw)(test)
+        return test if SEED is None else hypothesis_seed(int(SEED))(test)
+    return decorate
 
 
 def _limit():
