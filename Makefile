@@ -71,6 +71,11 @@ docs: build
 	  --title "memtrade trade-offs (CPU backend, $$(nproc) cores)"
 	@$(PYTHON) bench/peers/saved_bytes.py --memtrade $(BUILD)/memtrade --no-mallinfo \
 	  --markdown docs/pytorch.md --points $(PYTORCH_POINTS) > /dev/null
+	@$(PYTHON) -m pip download -q --no-deps apache-otava==0.8.0 -d $(BUILD)/otava-wheel 2>/dev/null \
+	  && $(PYTHON) -m zipfile -e $$(ls $(BUILD)/otava-wheel/*.whl | head -n 1) $(BUILD)/otava \
+	  || echo "docs: Apache Otava not downloadable here: docs/changes.md leaves its columns out"
+	@$(PYTHON) bench/gate_quality.py --bin $(BUILD)/memtrade --otava $(BUILD)/otava \
+	  --markdown docs/changes.md --chart docs/changes.png > /dev/null
 
 # Passive OpenMP waits, as memtrade itself and `make peer` run: spinning threads on a shared
 # machine measure the neighbours (gpt-small's step: 1.7-2.2 s spinning, 0.9 s passive).

@@ -3,6 +3,7 @@
 
 #include <toml++/toml.h>
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -98,6 +99,7 @@ int cli_main(int argc, char** argv) {
   register_run_commands(app, cmds);
   register_report_commands(app, cmds);
   register_advise_commands(app, cmds);
+  register_bisect_commands(app, cmds);
 
   try {
     app.parse(argc, argv);
@@ -107,6 +109,11 @@ int cli_main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "memtrade: %s\n", one_line(e.what()).c_str());
+    // Under `git bisect run` (bisect --check) exit 2 would mark the commit bad: stop it instead.
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    if (!args.empty() && args[0] == "bisect" &&
+        std::find(args.begin(), args.end(), "--check") != args.end())
+      return kBisectCheckBadInput;
     return 2;
   }
 

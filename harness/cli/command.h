@@ -40,7 +40,9 @@ void register_point_commands(CLI::App& app, Commands& cmds);   // devices, step 
 void register_run_commands(CLI::App& app, Commands& cmds);     // run, estimate, fit, merge, export
 void register_report_commands(CLI::App& app, Commands& cmds);  // report (reports/, Python)
 void register_advise_commands(CLI::App& app, Commands& cmds);  // advise, __bandwidth
-void register_bisect_commands(CLI::App& app, Commands& cmds);  // bisect (harness/gate/bisect.h)
+void register_bisect_commands(CLI::App& app, Commands& cmds);
+// `bisect --check`'s exit on bad input (flags included): git bisect run stops on 128 and up.
+inline constexpr int kBisectCheckBadInput = 128;               // bisect (harness/gate/bisect.h)
 void register_changes_command(CLI::App& app, Commands& cmds);  // history changes (after gate)
 
 }  // namespace memtrade

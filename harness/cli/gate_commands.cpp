@@ -1,8 +1,10 @@
 #include "harness/cli/gate_commands.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include "harness/gate/compare_ab.h"
 #include "harness/gate/compare_report.h"
 #include "harness/gate/history.h"
+#include "harness/gate/trust.h"
 
 namespace memtrade {
 namespace {
@@ -27,6 +30,7 @@ struct CompareArgs {
   std::string base, head, thresholds, format = "text", output;
   std::string write_markdown, write_json, write_junit;
   bool fail_on_inconclusive = false, verbose = false, allow_removed = false;
+  bool allow_env_change = false, allow_unstable = false;
   std::vector<std::string> renames;  // OLD=NEW
   std::string rename_map;
   AbOptions ab;
@@ -46,12 +50,15 @@ int cmd_compare(const CompareArgs& a) {
   const Thresholds thresholds =
       a.thresholds.empty() ? Thresholds() : Thresholds::load(a.thresholds);
   ResultSet base, head;
+  AbResults ab_runs;  // A/B: what ran, extra rounds included (the report notes them)
   const bool ab = !a.ab.base_bin.empty() || !a.ab.head_bin.empty();
   if (ab) {
     if (a.ab.base_bin.empty() || a.ab.head_bin.empty() || a.ab.grid.empty())
       throw BadInput("A/B compare needs --base-bin, --head-bin and --grid");
     if (!a.base.empty()) throw BadInput("give either BASE HEAD files or --base-bin/--head-bin");
-    AbResults r = run_ab(a.ab, stderr);
+    ab_runs = run_ab(a.ab, stderr);
+    resample_inconclusive(a.ab, thresholds, ab_runs, stderr);  // --max-extra-rounds (default 0)
+    const AbResults& r = ab_runs;
     if (!a.save_base.empty()) write_text(a.save_base, r.base.dump(1) + "\n");
     if (!a.save_head.empty()) write_text(a.save_head, r.head.dump(1) + "\n");
     base = results_from_json(r.base, a.ab.base_bin);
@@ -72,6 +79,41 @@ int cmd_compare(const CompareArgs& a) {
     rules.renames[r.substr(0, eq)] = r.substr(eq + 1);
   }
   Comparison c = compare_results(base, head, thresholds, rules);
+  note_resampling(c, ab_runs);
+  // Two files measured apart: the environment and the machine's stability decide whether a
+  // verdict is possible (harness/gate/trust.h). An A/B run is one machine at one time.
+  bool unstable_verdict = false;
+  if (!ab) {
+    const auto diffs = environment_differences(base.meta, head.meta);
+    const bool time_gated = std::any_of(c.rows.begin(), c.rows.end(), [](const CompareRow& r) {
+      return r.statistical && r.gated();
+    });
+    // Memory on the CPU is exact on every CPU: it may be judged across machines. Time, and any
+    // figure of a GPU (cuBLAS's workspaces differ by card and version), may not.
+    const bool matters = time_gated || base.meta.value("backend", std::string("cpu")) != "cpu";
+    if (!diffs.empty() && matters && !a.allow_env_change)
+      throw BadInput(fmt::format(
+          "no verdict: BASE and HEAD come from different environments ({}); a different machine "
+          "is not a regression (--allow-env-change compares anyway)",
+          fmt::join(diffs, "; ")));
+    if (!diffs.empty())
+      std::fprintf(stderr, "memtrade compare: environments differ (%s)%s\n",
+                   fmt::format("{}", fmt::join(diffs, "; ")).c_str(),
+                   matters ? ", compared as asked (--allow-env-change)"
+                           : "; memory is exact on every CPU and time is not gated");
+    const Instability inst = machine_instability(c, base, head);
+    if (inst.unstable()) {
+      for (auto& r : c.rows)
+        if (r.statistical &&
+            (r.verdict == Verdict::regression || r.verdict == Verdict::improvement)) {
+          unstable_verdict = unstable_verdict || (r.gated() && r.verdict == Verdict::regression);
+          r.verdict = Verdict::inconclusive;
+          r.note = "unstable machine: rerun interleaved";
+        }
+      std::fprintf(stderr, "memtrade compare: unstable machine: rerun interleaved (%s)\n",
+                   fmt::format("{}", fmt::join(inst.reasons, "; ")).c_str());
+    }
+  }
 
   if (!a.write_markdown.empty()) write_text(a.write_markdown, report_markdown(c));
   if (!a.write_json.empty()) write_text(a.write_json, report_json(c));
@@ -82,10 +124,15 @@ int cmd_compare(const CompareArgs& a) {
   } else {
     const bool color = format == ReportFormat::text && isatty(fileno(stdout)) &&
                        std::getenv("NO_COLOR") == nullptr;
-    const std::string text = format == ReportFormat::text ? report_text(c, color, a.verbose)
-                                                          : render_report(c, format, false);
+    const std::string text = format == ReportFormat::text
+                                 ? report_text(c, color, a.verbose) + resampling_summary(ab_runs)
+                                 : render_report(c, format, false);
     std::fputs(text.c_str(), stdout);
   }
+  // A time regression the machine's stability could not carry is no verdict: exit 2, as bad
+  // input is (nothing to judge), unless the caller takes "inconclusive" for an answer.
+  if (unstable_verdict && !a.allow_unstable && c.gated_regressions() == 0 && !c.removed_fails())
+    return 2;
   return c.exit_code();
 }
 
@@ -103,6 +150,10 @@ void register_compare(CLI::App& app, Commands& cmds) {
   cmd->add_option("--write-markdown", a.write_markdown, "Also write a Markdown report");
   cmd->add_option("--write-json", a.write_json, "Also write a JSON report");
   cmd->add_option("--write-junit", a.write_junit, "Also write a JUnit XML report");
+  cmd->add_flag("--allow-env-change", a.allow_env_change,
+                "Judge BASE and HEAD from different CPUs, GPUs, drivers or libraries anyway");
+  cmd->add_flag("--allow-unstable", a.allow_unstable,
+                "Exit 0, not 2, when an unstable machine leaves time regressions inconclusive");
   cmd->add_flag("--fail-on-inconclusive", a.fail_on_inconclusive,
                 "Exit 1 when a gated metric is inconclusive (too few samples)");
   cmd->add_flag("--verbose,-v", a.verbose, "Text: list unchanged rows too");
@@ -121,6 +172,9 @@ void register_compare(CLI::App& app, Commands& cmds) {
   cmd->add_option("--head-bin", a.ab.head_bin, "A/B: candidate memtrade binary");
   cmd->add_option("--grid", a.ab.grid, "A/B: grid TOML both binaries run");
   cmd->add_option("--rounds", a.ab.rounds, "A/B: passes over the grid")->capture_default_str();
+  cmd->add_option("--max-extra-rounds", a.ab.max_extra_rounds,
+                  "A/B: re-run inconclusive points, doubling their steps, up to N more rounds")
+      ->capture_default_str();
   cmd->add_option("--work-dir", a.ab.work_dir, "A/B: keep per-run files here");
   cmd->add_option("--run-arg", a.ab.run_args, "A/B: extra flag for every run (repeatable)")
       ->allow_extra_args(false);

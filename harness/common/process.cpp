@@ -57,6 +57,7 @@ std::string tail_of(const std::filesystem::path& file, std::size_t max_lines) {
     dup2(stdout_pipe, STDOUT_FILENO);
   }
   for (const auto& [key, value] : o.env) setenv(key.c_str(), value.c_str(), 1);
+  if (o.cwd && chdir(o.cwd->c_str()) != 0) _exit(127);
   if (o.search_path)
     execvp(args[0], args.data());
   else

@@ -18,6 +18,7 @@ struct SpawnOptions {
   std::optional<std::filesystem::path> stderr_file;      // the child's stderr; else inherited
   std::vector<std::pair<std::string, std::string>> env;  // set in the child only
   bool search_path = false;  // argv[0] is looked up on PATH (execvp); else it is a path
+  std::optional<std::filesystem::path> cwd;  // the child's working directory; else ours
   // The point-child contract: the child dies with the parent (PR_SET_PDEATHSIG) and starts
   // with default SIGINT/SIGTERM dispositions; a SIGINT/SIGTERM to the parent (see
   // install_interrupt_handlers) kills the child and the outcome is `interrupted`.
@@ -26,7 +27,7 @@ struct SpawnOptions {
 
 struct ChildOutcome {
   enum class Kind { exited, signaled, timed_out, interrupted } kind = Kind::exited;
-  int exit_code = 0;  // exited: its code (127: could not exec)
+  int exit_code = 0;  // exited: its code (127: could not exec, or not enter cwd)
   int signal = 0;     // signaled: the signal
   double seconds = 0;
   std::string stdout_text;  // Stdout::capture

@@ -353,12 +353,16 @@ def flag_case(draw):
     pool = {"run": RUN_FLAGS, "step": POINT_FLAGS, "estimate": POINT_FLAGS,
             "fit": POINT_FLAGS + ["--max-batch"], "advise": ["--capacity", "--model", "--budget",
                                                               "--gpu", "--batch-size", "--json"],
-            "export": ["-o"], "compare": ["--thresholds", "--format", "--rename"],
-            "merge": ["-o", "--grid"], "history": ["--db", "--metric"],
+            "export": ["-o"], "compare": ["--thresholds", "--format", "--rename", "--allow-env-change",
+                                    "--allow-unstable", "--max-extra-rounds"],
+            "merge": ["-o", "--grid"],
+            "history": ["--db", "--metric", "--series", "--recent", "--max-p", "--min-effect",
+                        "--min-runs", "--json"],
             "knobs": ["--json", "--markdown"], "devices": [], "bogus": ["--x"]}[command]
     args = [command]
     if command == "history":
-        args.append(draw(st.sampled_from(["add", "list", "trend", "baseline", "nope"])))
+        args.append(draw(st.sampled_from(["add", "list", "trend", "baseline", "changes",
+                                          "changes", "nope"])))
     for flag in draw(st.lists(st.sampled_from(pool or ["--help"]), max_size=4)):
         args += [flag, draw(st.one_of(st.sampled_from(FLAG_VALUES), st.text(max_size=12)))]
     if command in ("export", "compare", "merge"):

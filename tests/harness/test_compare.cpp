@@ -375,6 +375,17 @@ std::string fake_binary(const TempDir& dir, const std::string& name, const json&
   return (d / "memtrade").string();
 }
 
+AbOptions ab_options(const std::string& base_bin, const std::string& head_bin,
+                     const std::string& grid, int rounds = 1, const std::string& work_dir = "") {
+  AbOptions o;
+  o.base_bin = base_bin;
+  o.head_bin = head_bin;
+  o.grid = grid;
+  o.rounds = rounds;
+  o.work_dir = work_dir;
+  return o;
+}
+
 // The same gate rules hold for Google Benchmark inputs: a lost benchmark fails, none is bad input.
 TEST(CompareGbench, MissingBenchmarkFailsAndNoneIsBadInput) {
   json two = gbench(1500, 1e9, 10, 1);
@@ -411,7 +422,7 @@ TEST(CompareAb, InterleavesAlternatesAndMerges) {
   const std::string log = dir.file("calls.log");
   setenv("FAKE_MEMTRADE_LOG", log.c_str(), 1);
 
-  AbOptions o{old_bin, new_bin, dir.file("grid.toml"), 2, dir.file("work"), {}};
+  const AbOptions o = ab_options(old_bin, new_bin, dir.file("grid.toml"), 2, dir.file("work"));
   const AbResults r = run_ab(o, nullptr);
   EXPECT_EQ(r.base["points"].size(), 3u);
   EXPECT_EQ(r.head["points"].size(), 3u);
@@ -449,13 +460,85 @@ TEST(CompareAb, CrashedRunBecomesErrorPoint) {
   const std::string new_bin = fake_binary(dir, "new", base_doc);
   fs::remove(dir.path() / "new" / "points" / "2.json");  // the head binary "crashes" on point 2
   write_file(dir.file("grid.toml"), "name = \"smoke\"\n");
-  const AbResults r = run_ab({old_bin, new_bin, dir.file("grid.toml"), 1, "", {}}, nullptr);
+  const AbResults r = run_ab(ab_options(old_bin, new_bin, dir.file("grid.toml")), nullptr);
   EXPECT_EQ(r.head["points"][1]["status"], "error");
   const Comparison c =
       compare_results(results_from_json(r.base, "b"), results_from_json(r.head, "h"), Thresholds());
   EXPECT_EQ(c.exit_code(), 1);
-  EXPECT_THROW(run_ab({old_bin, dir.file("nope"), dir.file("grid.toml"), 1, "", {}}, nullptr),
+  EXPECT_THROW(run_ab(ab_options(old_bin, dir.file("nope"), dir.file("grid.toml")), nullptr),
                BadInput);
+}
+
+// Adaptive resampling: a point with too few samples is inconclusive after the first pass; an
+// extra round of only that point, with twice its steps, pools enough samples for a verdict.
+TEST(CompareAb, ExtraRoundsResolveInconclusivePoints) {
+  TempDir dir;
+  json base_doc = make_results(1), head_doc = make_results(2);
+  for (json* doc : {&base_doc, &head_doc}) {
+    auto& samples = (*doc)["points"][1]["time"]["samples_s"];
+    samples.erase(samples.begin() + 3, samples.end());  // 3 steps: fewer than min_samples 5
+  }
+  scale_time(head_doc["points"][1], 1.3);
+  const std::string old_bin = fake_binary(dir, "old", base_doc);
+  const std::string new_bin = fake_binary(dir, "new", head_doc);
+  write_file(dir.file("grid.toml"), "name = \"smoke\"\n");
+  const std::string log = dir.file("calls.log");
+  setenv("FAKE_MEMTRADE_LOG", log.c_str(), 1);
+  const std::string p1 = "gpt-tiny/b8/fp16";
+
+  AbOptions o = ab_options(old_bin, new_bin, dir.file("grid.toml"));
+  o.max_extra_rounds = 3;
+  AbResults r = run_ab(o, nullptr);
+  const CompareRow* before = find_row(compare_docs(r.base, r.head), p1, "median_s");
+  ASSERT_NE(before, nullptr);
+  EXPECT_EQ(before->verdict, Verdict::inconclusive);
+  const std::size_t first_pass = occurrences(read_file(log), "\n");
+  EXPECT_EQ(first_pass, 6u);
+
+  resample_inconclusive(o, Thresholds(), r, nullptr);
+  EXPECT_EQ(r.extra_rounds, 1);  // 6 vs 6 samples suffice: no second round
+  ASSERT_EQ(r.resampled.size(), 1u);
+  EXPECT_EQ(r.resampled[0].point, p1);
+  EXPECT_EQ(r.resampled[0].steps, std::vector<std::int64_t>{6});
+  EXPECT_EQ(r.head["points"][1]["time"]["samples_s"].size(), 6u);
+  Comparison c = compare_docs(r.base, r.head);
+  note_resampling(c, r);
+  const CompareRow* after = find_row(c, p1, "median_s");
+  ASSERT_NE(after, nullptr);
+  EXPECT_EQ(after->verdict, Verdict::regression) << after->note;
+  EXPECT_NE(after->note.find("1 extra round (steps 6)"), std::string::npos) << after->note;
+  // Only that point ran again, both binaries, head first (the alternation goes on), 2x steps.
+  const std::string calls = read_file(log);
+  EXPECT_TRUE(calls.ends_with("new " + p1 + " --steps 6\nold " + p1 + " --steps 6\n")) << calls;
+  EXPECT_EQ(occurrences(calls, "\n"), first_pass + 2);
+  EXPECT_EQ(resampling_summary(r),
+            "resampled: 1 extra round for 1 inconclusive point: " + p1 + " (steps 6)\n");
+
+  // Through the CLI: without the flag today's verdict (inconclusive, exit 0); with it, the
+  // regression, and the report says what ran again.
+  const std::string ab = "compare --base-bin " + old_bin + " --head-bin " + new_bin + " --grid " +
+                         dir.file("grid.toml");
+  const CliResult plain = run_cli(ab);
+  EXPECT_EQ(plain.rc, 0) << plain.out << plain.err;
+  EXPECT_EQ(plain.out.find("resampled"), std::string::npos) << plain.out;
+  const CliResult text = run_cli(ab + " --max-extra-rounds 2");
+  EXPECT_EQ(text.rc, 1) << text.out << text.err;
+  EXPECT_NE(text.out.find("resampled: 1 extra round for 1 inconclusive point: " + p1),
+            std::string::npos)
+      << text.out;
+  const CliResult js = run_cli(ab + " --max-extra-rounds 2 --format json");
+  unsetenv("FAKE_MEMTRADE_LOG");
+  EXPECT_EQ(js.rc, 1) << js.out << js.err;
+  const json doc = json::parse(js.out);
+  bool seen = false;
+  for (const auto& row : doc["results"])
+    if (row["point"] == p1 && row["metric"] == "median_s") {
+      seen = true;
+      EXPECT_EQ(row["verdict"], "regression");
+      EXPECT_NE(row["note"].get<std::string>().find("1 extra round"), std::string::npos);
+    }
+  EXPECT_TRUE(seen);
+  EXPECT_EQ(run_cli(ab + " --max-extra-rounds -1").rc, 2);
 }
 
 }  // namespace
