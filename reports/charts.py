@@ -815,6 +815,23 @@ def history_trend(hist: dict, outdir: pathlib.Path, formats: Sequence[str], top_
         ax.plot(s["x"], [v / div for v in s["peak"]], color=c, marker="o", ms=4, lw=1.4, label=lab)
         tt = [(x, t / tdiv) for x, t in zip(s["x"], s["t"]) if A._finite(t)]
         ax2.plot([x for x, _ in tt], [t for _, t in tt], color=c, marker="o", ms=4, lw=1.4)
+    # The change points of `memtrade history changes` on these series: a triangle at the first run
+    # of the new level (red: a regression, green: an improvement).
+    changes = [c for c in (hist.get("changes") or []) if c.get("machine") == machine]
+    by_id = dict(chosen)
+    marked = []
+    for c in changes:
+        s = by_id.get(c.get("point"))
+        if s is None or not 0 <= c.get("index", -1) < len(s["x"]):
+            continue
+        x = s["x"][c["index"]]
+        mem = c.get("metric") == "peak_allocated"
+        y = (c["after"] / div) if mem else (c["after"] / tdiv)
+        colour = "tab:red" if c.get("direction") == "regression" else "tab:green"
+        (ax if mem else ax2).plot([x], [y], marker="v", ms=11, color=colour, zorder=5, ls="none")
+        marked.append(f"{c['direction']} of {A.fmt_pct(100 * c['relative']) if c.get('relative') is not None else '?'} "
+                      f"in {'peak memory' if mem else 'step time'} from commit {(c.get('commit') or '?')[:10]} "
+                      f"({c.get('point')})")
     ax.set_ylabel(f"peak allocated ({unit})")
     ax2.set_ylabel(f"median step time ({tunit})")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
@@ -840,6 +857,11 @@ def history_trend(hist: dict, outdir: pathlib.Path, formats: Sequence[str], top_
                            A.fmt_pct(A.pct_change(t0, t1))])
     chart.notes.append(f"{len(runs)} run(s) on machine {machine!r}; {len(chosen)} of {len(series)} point ids shown "
                        "(those present in most runs, then the largest).")
+    if hist.get("changes") is None:
+        chart.notes.append("Change points not drawn: no memtrade binary to ask ($MEMTRADE_BIN).")
+    else:
+        chart.notes.append(f"Change points (memtrade history changes, triangles): {len(marked)}"
+                           + (": " + "; ".join(marked) if marked else "."))
     chart.files = _save(fig, outdir, key, formats)
     return chart
 

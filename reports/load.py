@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import sqlite3
+import subprocess
 import sys
 from typing import Any
 
@@ -174,4 +176,20 @@ def load_history(path: str | pathlib.Path) -> dict:
             r["config"] = json.loads(r.get("config_json") or "{}")
         except json.JSONDecodeError:
             r["config"] = {}
-    return {"runs": runs, "points": points, "_path": str(p)}
+    return {"runs": runs, "points": points, "_path": str(p), "changes": history_changes(p)}
+
+
+def history_changes(db: pathlib.Path) -> list | None:
+    """The change points of the history (`memtrade history changes --json`), from the binary in
+    $MEMTRADE_BIN (set by `memtrade report`); None where there is none to ask."""
+    binary = os.environ.get("MEMTRADE_BIN")
+    if not binary or not os.path.exists(binary):
+        return None
+    r = subprocess.run([binary, "history", "changes", "--db", str(db), "--json"],
+                       capture_output=True, text=True)
+    if r.returncode not in (0, 1):
+        return None
+    try:
+        return json.loads(r.stdout).get("changes", [])
+    except json.JSONDecodeError:
+        return None

@@ -36,9 +36,11 @@ int cmd_report(const std::vector<std::string>& args) {
   o.search_path = true;
   // The knob table of this build: results files carry their own (meta.knobs); this serves the
   // ones written before they did.
+  // MEMTRADE_BIN: this binary, for what the charts ask of it (the history's change points).
   o.env = {{"PYTHONPATH", pythonpath},
            {"MPLBACKEND", "Agg"},
-           {"MEMTRADE_KNOBS_JSON", knobs_json().dump()}};
+           {"MEMTRADE_KNOBS_JSON", knobs_json().dump()},
+           {"MEMTRADE_BIN", self_executable().string()}};
   const ChildOutcome c = spawn(argv, o);
   if (c.kind == ChildOutcome::Kind::signaled) return 1;
   if (c.exit_code == 127) throw std::runtime_error("report: cannot run " + python);

@@ -499,3 +499,35 @@ def test_seq_len_curve_measured_and_predicted(tmp_path):
     assert {r[0] for r in chart.rows} == {"measured", "predicted"}
     assert sorted(int(r[2]) for r in chart.rows if r[:2] == ["measured", "gpt math"]) == [16, 32, 64]
     assert C.seq_len_curve(pts[:1], [], tmp_path, ["png"]).skipped
+
+
+# ---------------------------------------------------------------------------------------------
+# The commit trend marks the history's change points (memtrade history changes)
+
+
+def test_commit_trend_marks_change_points(memtrade_bin, tmp_path, monkeypatch):
+    run = subprocess.run([memtrade_bin, "run", "--backend", "cpu", "--model", "mlp-tiny", "--steps", "2",
+                          "--warmup", "0", "--quiet", "--out", str(tmp_path / "r.json")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    base = json.loads((tmp_path / "r.json").read_text())
+    db = tmp_path / "h.db"
+    for night in range(8):  # peak memory +1 MiB from night 5 on: one regression
+        doc = json.loads(json.dumps(base))
+        doc["meta"]["commit"] = f"commit{night}"
+        doc["meta"]["time"] = f"2026-11-{night + 1:02}T02:00:00Z"
+        if night >= 5:
+            doc["points"][0]["memory"]["peak_allocated"] += 1 << 20
+        (tmp_path / "n.json").write_text(json.dumps(doc))
+        r = subprocess.run([memtrade_bin, "history", "add", str(tmp_path / "n.json"), "--db", str(db)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    monkeypatch.setenv("MEMTRADE_BIN", memtrade_bin)
+    hist = load.load_history(db)
+    assert [(c["commit"], c["direction"], c["metric"]) for c in hist["changes"]] == [
+        ("commit5", "regression", "peak_allocated")]
+    chart = C.history_trend(hist, tmp_path, ["png"])
+    assert any("Change points (memtrade history changes, triangles): 1: regression of +" in n and "commit5" in n
+               for n in chart.notes), chart.notes
+    monkeypatch.delenv("MEMTRADE_BIN")
+    assert any("Change points not drawn" in n for n in C.history_trend(load.load_history(db), tmp_path,
+                                                                         ["png"]).notes)
