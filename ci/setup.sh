@@ -17,13 +17,35 @@ packages=(
   "$@"
 )
 
+# The PyPI packages of ci/requirements-hf.txt (Hugging Face transformers for the reference tests),
+# in a folder named by that file's hash: a changed pin installs afresh, an unchanged one is silent.
+# Where PyPI is unreachable the tests that need them say so and skip.
+pydeps_setup() {
+  local req dir
+  req="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/requirements-hf.txt"
+  dir="${MEMTRADE_PYDEPS:-$HOME/.cache/memtrade/pydeps-$(sha256sum "$req" | cut -c1-12)}"
+  [ -f "$dir/.complete" ] && return 0
+  echo "setup: installing ci/requirements-hf.txt into $dir"
+  rm -rf "$dir.partial"
+  if /usr/bin/python3 -m pip install -q --disable-pip-version-check --no-deps --no-compile \
+      --target "$dir.partial" -r "$req" >"$dir.log" 2>&1; then
+    rm -rf "$dir" && mv "$dir.partial" "$dir" && touch "$dir/.complete" && rm -f "$dir.log"
+  else
+    echo "setup: pip could not install ci/requirements-hf.txt (see $dir.log); the HF tests skip" >&2
+    rm -rf "$dir.partial"
+  fi
+}
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
     missing+=("$p")
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+if [ ${#missing[@]} -eq 0 ]; then
+  mkdir -p "$HOME/.cache/memtrade" && pydeps_setup
+  exit 0
+fi
 
 echo "setup: installing ${missing[*]}"
 sudo=""
@@ -42,3 +64,4 @@ if ! { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-rec
   exit 1
 fi
 rm -f "$log"
+mkdir -p "$HOME/.cache/memtrade" && pydeps_setup

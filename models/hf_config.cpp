@@ -117,8 +117,11 @@ Llama3RopeScaling llama3_scaling(const json& s) {
   return r;
 }
 
-LlamaConfig llama_from(const json& j, const ConfigFile& file) {
-  const Keys k(j, "LlamaForCausalLM");
+// LlamaForCausalLM, and the architectures that are it with other defaults or biases
+// (transformers 4.46.3: modeling_llama.py, modeling_qwen2.py).
+LlamaConfig llama_from(const json& j, const ConfigFile& file, const std::string& arch) {
+  const Keys k(j, arch.c_str());
+  const bool qwen2 = arch == "Qwen2ForCausalLM";
   LlamaConfig c;
   c.name = file.name;
   c.file = file;
@@ -132,6 +135,7 @@ LlamaConfig llama_from(const json& j, const ConfigFile& file) {
   c.rope_theta = k.positive_number("rope_theta", 10000.0);
   c.norm_eps = k.positive_number("rms_norm_eps", 1e-6);
   c.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
+  c.architecture = arch;
   // heads × head_dim in 64 bits: in an int, 4 × 1073741840 wraps to 64.
   if (k.has("head_dim") && std::int64_t{k.positive_int("head_dim")} * c.n_head != c.n_embd)
     fail(
@@ -141,8 +145,17 @@ LlamaConfig llama_from(const json& j, const ConfigFile& file) {
   if (k.has("rope_scaling")) c.rope_scaling = llama3_scaling(j.at("rope_scaling"));
   k.require("hidden_act", std::string("silu"), k.text("hidden_act", "silu"),
             "the MLP is SwiGLU, silu");
-  k.require("attention_bias", false, k.boolean("attention_bias", false), "no biases");
-  k.require("mlp_bias", false, k.boolean("mlp_bias", false), "no biases");
+  if (qwen2) {
+    // Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False; no attention_bias or mlp_bias key.
+    c.qkv_bias = true;
+    // A window of use_sliding_window limits attention to the last sliding_window tokens in the
+    // layers from max_window_layers on; memtrade's Qwen2 attends to every earlier token.
+    k.require("use_sliding_window", false, k.boolean("use_sliding_window", false),
+              "full causal attention in every layer");
+  } else {
+    c.qkv_bias = c.o_bias = k.boolean("attention_bias", false);  // q, k, v and o_proj
+    c.mlp_bias = k.boolean("mlp_bias", false);
+  }
   k.require("attention_dropout", 0.0, k.number("attention_dropout", 0.0), "no dropout");
   return c;
 }
@@ -176,16 +189,16 @@ HfModelConfig parse_hf_config(std::string_view text, const ConfigFile& file) {
   const json j = parse_json_input(text);
   if (!j.is_object()) fail("not a JSON object");
   if (!j.contains("architectures"))
-    fail("missing key 'architectures' (LlamaForCausalLM or GPT2LMHeadModel)");
+    fail("missing key 'architectures' (LlamaForCausalLM, Qwen2ForCausalLM or GPT2LMHeadModel)");
   const json& arch = j.at("architectures");
   if (!arch.is_array() || arch.size() != 1 || !arch[0].is_string())
     fail(fmt::format("architectures must name one architecture, got {}", echo_json(arch)));
   const std::string name = arch[0].get<std::string>();
-  if (name == "LlamaForCausalLM") return llama_from(j, file);
+  if (name == "LlamaForCausalLM" || name == "Qwen2ForCausalLM") return llama_from(j, file, name);
   if (name == "GPT2LMHeadModel") return gpt2_from(j, file);
   fail(
-      fmt::format("unsupported architecture '{}' (memtrade reads LlamaForCausalLM and "
-                  "GPT2LMHeadModel)",
+      fmt::format("unsupported architecture '{}' (memtrade reads LlamaForCausalLM, "
+                  "Qwen2ForCausalLM and GPT2LMHeadModel)",
                   echo(name)));
 }
 

@@ -159,7 +159,8 @@ Knob model_config_knob() {
   k.type = KnobType::text;
   k.workload = true;
   k.help =
-      "A Hugging Face config.json (LlamaForCausalLM or GPT2LMHeadModel) that defines the model, "
+      "A Hugging Face config.json (LlamaForCausalLM, Qwen2ForCausalLM or GPT2LMHeadModel) that "
+      "defines the model, "
       "instead of --model (left at its default); the id names it by file name and SHA-256";
   k.values_text = "a config.json path, or empty for none";
   k.examples = {""};

@@ -64,6 +64,16 @@ Tensor stacked_weight(LayerCtx& c, const StackedLinear& l) {
   return w;
 }
 
+// The stacked bias (ΣOC), a temporary in the dtype linear adds it in (under autocast its cast,
+// not kept for backward, as a single Linear's bias).
+Tensor stacked_bias(LayerCtx& c, const StackedLinear& l) {
+  std::vector<const Tensor*> parts;
+  for (ParamIndex i : l.biases) parts.push_back(&c.op_weight(Op::linear, i, false));
+  Tensor b = c.temp({stacked_out_features(c, l)}, parts.front()->dtype());
+  stack(c, b, parts);
+  return b;
+}
+
 }  // namespace
 
 std::int64_t stacked_out_features(LayerCtx& c, const StackedLinear& l) {
@@ -75,7 +85,8 @@ std::int64_t stacked_out_features(LayerCtx& c, const StackedLinear& l) {
 void linear_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const StackedLinear& l) {
   c.expect_input(Op::linear, inp);
   Tensor w = stacked_weight(c, l);
-  c.ops().linear_forward(out, inp, w, nullptr);
+  Tensor b = l.biases.empty() ? Tensor() : stacked_bias(c, l);
+  c.ops().linear_forward(out, inp, w, l.biases.empty() ? nullptr : &b);
 }
 
 void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Tensor& inp,
@@ -105,6 +116,29 @@ void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Ten
   }
   c.ops().matmul(dw, dout, inp, true, false, 1.0f, accumulate ? 1.0f : 0.0f);
   unstack(c, dw, targets);
+  if (!l.biases.empty()) {
+    // db (ΣOC) (+)= the column sums of dout, as linear_backward's own bias gradient (dw gives the
+    // op the stacked weight's shape; it reads nothing else of it).
+    std::vector<ParamGrad> bgrads;
+    bgrads.reserve(l.biases.size());
+    for (ParamIndex i : l.biases) bgrads.emplace_back(c, i, c.weight_dtype(Op::linear, i));
+    std::vector<Tensor*> btargets;
+    bool bacc = false;
+    for (ParamGrad& g : bgrads) {
+      btargets.push_back(&g.t());
+      bacc = bacc || g.accumulate();
+    }
+    Tensor db = c.temp({dout.dim(1)}, btargets.front()->dtype());
+    if (bacc) {
+      for (ParamGrad& g : bgrads)
+        if (!g.accumulate()) c.ops().fill(g.t(), 0.0f);
+      stack(c, db, {btargets.begin(), btargets.end()});
+    }
+    c.ops().linear_backward(nullptr, nullptr, &db, dout, inp, dw, bacc);
+    unstack(c, db, btargets);
+    db.reset();
+    for (ParamGrad& g : bgrads) g.finish();
+  }
   dw.reset();
   for (ParamGrad& g : grads) g.finish();
 }

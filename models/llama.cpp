@@ -23,6 +23,9 @@ const std::vector<HyperField<LlamaConfig>>& llama_hyper_fields() {
       {"rope_theta", &LlamaConfig::rope_theta},
       {"norm_eps", &LlamaConfig::norm_eps},
       {"tie_word_embeddings", &LlamaConfig::tie_word_embeddings},
+      {"qkv_bias", &LlamaConfig::qkv_bias},
+      {"o_bias", &LlamaConfig::o_bias},
+      {"mlp_bias", &LlamaConfig::mlp_bias},
   };
   return fields;
 }
@@ -64,16 +67,30 @@ LlamaModel::LlamaModel(LlamaConfig cfg) : cfg_(std::move(cfg)) {
   for (int i = 0; i < cfg_.n_layer; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     Block b;
-    b.attn.qkv_proj.parts = {add_param(p + "self_attn.q_proj.weight", {NH * hd, C}, kStd, i),
-                             add_param(p + "self_attn.k_proj.weight", {NKV * hd, C}, kStd, i),
-                             add_param(p + "self_attn.v_proj.weight", {NKV * hd, C}, kStd, i)};
-    b.attn.c_proj = {add_param(p + "self_attn.o_proj.weight", {C, NH * hd}, kStd, i), -1};
+    // A bias follows its weight (HF's named_parameters order); biases start at zero (HF's
+    // _init_weights).
+    const auto bias = [&](bool has, const std::string& name, std::int64_t n) {
+      return has ? add_param(p + name, {n}, 0, i) : ParamIndex{-1};
+    };
+    const ParamIndex q = add_param(p + "self_attn.q_proj.weight", {NH * hd, C}, kStd, i);
+    const ParamIndex qb = bias(cfg_.qkv_bias, "self_attn.q_proj.bias", NH * hd);
+    const ParamIndex k = add_param(p + "self_attn.k_proj.weight", {NKV * hd, C}, kStd, i);
+    const ParamIndex kb = bias(cfg_.qkv_bias, "self_attn.k_proj.bias", NKV * hd);
+    const ParamIndex v = add_param(p + "self_attn.v_proj.weight", {NKV * hd, C}, kStd, i);
+    const ParamIndex vb = bias(cfg_.qkv_bias, "self_attn.v_proj.bias", NKV * hd);
+    b.attn.qkv_proj.parts = {q, k, v};
+    if (cfg_.qkv_bias) b.attn.qkv_proj.biases = {qb, kb, vb};
+    const ParamIndex o = add_param(p + "self_attn.o_proj.weight", {C, NH * hd}, kStd, i);
+    b.attn.c_proj = {o, bias(cfg_.o_bias, "self_attn.o_proj.bias", C)};
     b.attn.n_head = cfg_.n_head;
     b.attn.n_kv_head = cfg_.n_kv_head;
     b.attn.rope = cfg_.rope();
-    b.mlp.gate_proj = {add_param(p + "mlp.gate_proj.weight", {I, C}, kStd, i), -1};
-    b.mlp.up_proj = {add_param(p + "mlp.up_proj.weight", {I, C}, kStd, i), -1};
-    b.mlp.down_proj = {add_param(p + "mlp.down_proj.weight", {C, I}, kStd, i), -1};
+    const ParamIndex gate = add_param(p + "mlp.gate_proj.weight", {I, C}, kStd, i);
+    b.mlp.gate_proj = {gate, bias(cfg_.mlp_bias, "mlp.gate_proj.bias", I)};
+    const ParamIndex up = add_param(p + "mlp.up_proj.weight", {I, C}, kStd, i);
+    b.mlp.up_proj = {up, bias(cfg_.mlp_bias, "mlp.up_proj.bias", I)};
+    const ParamIndex down = add_param(p + "mlp.down_proj.weight", {C, I}, kStd, i);
+    b.mlp.down_proj = {down, bias(cfg_.mlp_bias, "mlp.down_proj.bias", C)};
     b.norm_1 = {add_param(p + "input_layernorm.weight", {C}, kOnes, i), "input_layernorm", eps};
     b.norm_2 = {add_param(p + "post_attention_layernorm.weight", {C}, kOnes, i),
                 "post_attention_layernorm", eps};
@@ -89,6 +106,7 @@ nlohmann::json LlamaModel::hyper() const {
   nlohmann::json h = {{"family", family()}};
   for (const auto& f : llama_hyper_fields()) h[std::string(f.key)] = hyper_value(cfg_, f);
   h["head_dim"] = cfg_.n_embd / cfg_.n_head;
+  h["architecture"] = cfg_.architecture;
   const Llama3RopeScaling& s = cfg_.rope_scaling;
   h["rope_scaling"] =
       s.factor > 0

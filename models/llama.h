@@ -4,11 +4,14 @@
 // grouped-query (n_kv_head key/value heads shared by n_head / n_kv_head query heads each, HF's
 // repeat_kv) with rotary position embeddings on q and k (rotate_half, rope_theta, and
 // rope_scaling of type llama3 for Llama 3.1/3.2); the MLP is SwiGLU (gate_proj, up_proj,
-// down_proj, intermediate_size); RMSNorm eps rms_norm_eps; no biases, no dropout.
+// down_proj, intermediate_size); RMSNorm eps rms_norm_eps; no dropout. Biases where the config
+// asks: Llama's attention_bias (q, k, v and o_proj) and mlp_bias (gate, up, down), and Qwen2's
+// q/k/v biases (Qwen2ForCausalLM is this model with qkv_bias and nothing else different:
+// transformers 4.46.3 modeling_qwen2.py, q/k/v_proj bias=True, o_proj and the MLP bias=False).
 //
 // Parameter names are HF's state-dict keys, so a memtrade dump loads into LlamaForCausalLM
 // as is: model.embed_tokens.weight, model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,
-// model.layers.{i}.mlp.{gate,up,down}_proj.weight,
+// model.layers.{i}.mlp.{gate,up,down}_proj.weight (and .bias where the config has them),
 // model.layers.{i}.{input,post_attention}_layernorm.weight, model.norm.weight, lm_head.weight
 // (absent when tied, as GPT's). Layouts are nn.Linear's (out, in). Init as HF's _init_weights:
 // normal(0, 0.02) (initializer_range) for every matrix, RMSNorm weights 1.
@@ -48,6 +51,11 @@ struct LlamaConfig {
   Llama3RopeScaling rope_scaling{};  // none
   int seq_len = 0;                   // T; 0 = block_size
   ConfigFile file{};                 // set when read from a config file
+  // Last, so that the size table's positional rows stay as they are.
+  bool qkv_bias = false;  // q_proj, k_proj, v_proj biases (Qwen2; Llama's attention_bias)
+  bool o_bias = false;    // o_proj bias (Llama's attention_bias)
+  bool mlp_bias = false;  // gate, up and down_proj biases (Llama's mlp_bias)
+  std::string architecture = "LlamaForCausalLM";  // HF's class: LlamaForCausalLM, Qwen2ForCausalLM
 
   RopeConfig rope() const;
 };

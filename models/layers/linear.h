@@ -31,8 +31,10 @@ void linear_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const Linear& l
 void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout, const Tensor& inp,
                      const Linear& l);
 
-// Several bias-free Linears of one input as one GEMM, their outputs side by side: HF Llama's
-// q_proj, k_proj and v_proj give the packed qkv (N, (NH + 2·NKV)·hd) the attention ops take.
+// Several Linears of one input as one GEMM, their outputs side by side: HF Llama's q_proj, k_proj
+// and v_proj give the packed qkv (N, (NH + 2·NKV)·hd) the attention ops take. Their biases, where
+// they have them (Qwen2's q/k/v, Llama's attention_bias), are stacked the same way into a
+// temporary (ΣOC) that the GEMM adds (its bias gradient is one reduction, unstacked per part).
 // The weight is their row-wise concatenation, which no parameter holds: forward copies the
 // parts as linear reads them (the weights, or under autocast their cached 16-bit casts, kept for
 // backward as a Linear's are) into a temporary (ΣOC, C) (Category::temporaries) for the GEMM;
@@ -43,7 +45,8 @@ void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout, const Tensor
 // three outputs; the copies are exact, so the numbers are those of one GEMM per part and only
 // the temporaries (one (ΣOC, C) at a time) differ.
 struct StackedLinear {
-  std::vector<ParamIndex> parts;  // each (OC_i, C)
+  std::vector<ParamIndex> parts;   // each (OC_i, C)
+  std::vector<ParamIndex> biases;  // empty (no biases), or one (OC_i) per part
 };
 
 std::int64_t stacked_out_features(LayerCtx& c, const StackedLinear& l);  // ΣOC_i

@@ -188,7 +188,7 @@ def config_case(draw):
                                       "num_key_value_heads", "torch_dtype"]))] = draw(weird)
         elif op == "arch":
             cfg["architectures"] = draw(st.sampled_from(
-                [["Foo"], [], "LlamaForCausalLM", ["Qwen2ForCausalLM"], ["GPT2LMHeadModel"],
+                [["Foo"], [], "LlamaForCausalLM", ["MistralForCausalLM"], ["GPT2LMHeadModel"],
                  ["LlamaForCausalLM", "GPT2LMHeadModel"], None]))
     arch_now = cfg.get("architectures")
     if arch_now not in (["LlamaForCausalLM"], ["GPT2LMHeadModel"]):

@@ -150,11 +150,12 @@ TEST(HfConfig, RefusedConfigs) {
     return j;
   };
   EXPECT_EQ(error_of(with(llama, "architectures", {"MistralForCausalLM"})),
-            "unsupported architecture 'MistralForCausalLM' (memtrade reads LlamaForCausalLM and "
-            "GPT2LMHeadModel)");
+            "unsupported architecture 'MistralForCausalLM' (memtrade reads LlamaForCausalLM, "
+            "Qwen2ForCausalLM and GPT2LMHeadModel)");
   json no_arch = llama;
   no_arch.erase("architectures");
-  EXPECT_EQ(error_of(no_arch), "missing key 'architectures' (LlamaForCausalLM or GPT2LMHeadModel)");
+  EXPECT_EQ(error_of(no_arch),
+            "missing key 'architectures' (LlamaForCausalLM, Qwen2ForCausalLM or GPT2LMHeadModel)");
   json yarn = llama;
   yarn["rope_scaling"]["rope_type"] = "yarn";
   EXPECT_EQ(error_of(yarn),
@@ -164,9 +165,11 @@ TEST(HfConfig, RefusedConfigs) {
   EXPECT_EQ(error_of(no_factor), "missing key 'rope_scaling.factor' (required for llama3)");
   EXPECT_EQ(error_of(with(llama, "hidden_act", "gelu")),
             "unsupported hidden_act \"gelu\" (the MLP is SwiGLU, silu)");
-  EXPECT_EQ(error_of(with(llama, "attention_bias", true)),
-            "unsupported attention_bias true (no biases)");
-  EXPECT_EQ(error_of(with(llama, "mlp_bias", true)), "unsupported mlp_bias true (no biases)");
+  // Biases are read (attention_bias: q, k, v and o; mlp_bias: gate, up, down); a Qwen2 config
+  // with a sliding window is refused, naming the key.
+  json qwen2 = with(llama, "architectures", {"Qwen2ForCausalLM"});
+  EXPECT_EQ(error_of(with(qwen2, "use_sliding_window", true)),
+            "unsupported use_sliding_window true (full causal attention in every layer)");
   EXPECT_EQ(error_of(with(llama, "attention_dropout", 0.1)),
             "unsupported attention_dropout 0.1 (no dropout)");
   EXPECT_EQ(error_of(with(llama, "head_dim", 64)),

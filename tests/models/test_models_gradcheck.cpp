@@ -97,6 +97,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(GradCase{"gpt-test", 2, 1e-2f, false},
                       GradCase{"llama-test", 2, 1e-3f, false, 20.0f},
                       GradCase{"llama-test:tie_word_embeddings=true", 2, 1e-3f, false, 20.0f},
+                      GradCase{"llama-test:qkv_bias=true,o_bias=true,mlp_bias=true", 2, 1e-3f,
+                               false, 20.0f},
                       GradCase{"mlp-test", 4, 1e-3f, true}, GradCase{"cnn-test", 3, 1e-3f, true},
                       GradCase{"mlp-tiny", 4, 1e-3f, true}),
     [](const auto& param_info) {

@@ -33,8 +33,9 @@ TEST_P(KnobEquivalence, BitIdenticalToPlainBf16AutocastAdam) {
 
 INSTANTIATE_TEST_SUITE_P(Models, KnobEquivalence,
                          ::testing::Values("gpt-tiny", "llama-tiny",
-                                           "llama-tiny:tie_word_embeddings=true", "mlp-tiny",
-                                           "cnn-tiny"),
+                                           "llama-tiny:tie_word_embeddings=true",
+                                           "llama-tiny:qkv_bias=true,o_bias=true,mlp_bias=true",
+                                           "mlp-tiny", "cnn-tiny"),
                          model_test_name);
 
 // The comparison above must be able to fail: a run that really differs is caught.

@@ -6,6 +6,21 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def _pydeps():
+    """ci/setup.sh's folder of the PyPI packages of ci/requirements-hf.txt (transformers), named by
+    that file's SHA-256, or $MEMTRADE_PYDEPS: on sys.path after Debian's packages."""
+    import hashlib
+    req = ROOT / "ci" / "requirements-hf.txt"
+    default = pathlib.Path.home() / ".cache" / "memtrade" / (
+        "pydeps-" + hashlib.sha256(req.read_bytes()).hexdigest()[:12])
+    return pathlib.Path(os.environ.get("MEMTRADE_PYDEPS", default))
+
+
+if (_pydeps() / ".complete").exists():
+    import sys
+    sys.path.append(str(_pydeps()))
+
+
 @pytest.fixture(scope="session")
 def memtrade_bin():
     path = pathlib.Path(os.environ.get("MEMTRADE_BIN", ROOT / "build" / "memtrade"))
