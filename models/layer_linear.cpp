@@ -64,6 +64,42 @@ Tensor stacked_weight(LayerCtx& c, const StackedLinear& l) {
   return w;
 }
 
+// The gradients of stacked parameters as one tensor (ΣOC, ...), a temporary in their computed
+// dtype, for one op to write: where a part accumulates it holds the parts' gradients so far (a
+// part overwritten while another accumulates enters as zeros); finish() copies each part's rows
+// out and finishes its gradient (under autocast, the cast into the fp32 gradient: ParamGrad).
+class StackedGrads {
+ public:
+  StackedGrads(LayerCtx& c, const std::vector<ParamIndex>& params, std::vector<std::int64_t> shape)
+      : c_(c) {
+    grads_.reserve(params.size());
+    for (ParamIndex i : params) grads_.emplace_back(c, i, c.weight_dtype(Op::linear, i));
+    for (ParamGrad& g : grads_) {
+      targets_.push_back(&g.t());
+      accumulate_ = accumulate_ || g.accumulate();
+    }
+    stacked_ = c.temp(std::move(shape), targets_.front()->dtype());
+    if (!accumulate_) return;
+    for (ParamGrad& g : grads_)
+      if (!g.accumulate()) c.ops().fill(g.t(), 0.0f);
+    stack(c, stacked_, {targets_.begin(), targets_.end()});
+  }
+  Tensor& t() { return stacked_; }
+  bool accumulate() const { return accumulate_; }
+  void finish() {
+    unstack(c_, stacked_, targets_);
+    stacked_.reset();
+    for (ParamGrad& g : grads_) g.finish();
+  }
+
+ private:
+  LayerCtx& c_;
+  std::vector<ParamGrad> grads_;
+  std::vector<Tensor*> targets_;
+  bool accumulate_ = false;
+  Tensor stacked_;
+};
+
 // The stacked bias (ΣOC), a temporary in the dtype linear adds it in (under autocast its cast,
 // not kept for backward, as a single Linear's bias).
 Tensor stacked_bias(LayerCtx& c, const StackedLinear& l) {
@@ -97,50 +133,17 @@ void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Ten
     Tensor w = stacked_weight(c, l);
     c.ops().linear_backward(dinp, nullptr, nullptr, dout, inp, w, false);
   }
-  std::vector<ParamGrad> grads;
-  grads.reserve(l.parts.size());
-  for (ParamIndex i : l.parts) grads.emplace_back(c, i, c.weight_dtype(Op::linear, i));
-  std::vector<Tensor*> targets;
-  bool accumulate = false;
-  for (ParamGrad& g : grads) {
-    targets.push_back(&g.t());
-    accumulate = accumulate || g.accumulate();
-  }
   // dW (ΣOC, C) (+)= doutᵀ · inp: the GEMM linear_backward runs for one weight.
-  Tensor dw = c.temp({dout.dim(1), inp.dim(1)}, targets.front()->dtype());
-  if (accumulate) {
-    // A part that is overwritten while another accumulates enters the GEMM as zeros.
-    for (ParamGrad& g : grads)
-      if (!g.accumulate()) c.ops().fill(g.t(), 0.0f);
-    stack(c, dw, {targets.begin(), targets.end()});
-  }
-  c.ops().matmul(dw, dout, inp, true, false, 1.0f, accumulate ? 1.0f : 0.0f);
-  unstack(c, dw, targets);
+  StackedGrads dw(c, l.parts, {dout.dim(1), inp.dim(1)});
+  c.ops().matmul(dw.t(), dout, inp, true, false, 1.0f, dw.accumulate() ? 1.0f : 0.0f);
   if (!l.biases.empty()) {
-    // db (ΣOC) (+)= the column sums of dout, as linear_backward's own bias gradient (dw gives the
-    // op the stacked weight's shape; it reads nothing else of it).
-    std::vector<ParamGrad> bgrads;
-    bgrads.reserve(l.biases.size());
-    for (ParamIndex i : l.biases) bgrads.emplace_back(c, i, c.weight_dtype(Op::linear, i));
-    std::vector<Tensor*> btargets;
-    bool bacc = false;
-    for (ParamGrad& g : bgrads) {
-      btargets.push_back(&g.t());
-      bacc = bacc || g.accumulate();
-    }
-    Tensor db = c.temp({dout.dim(1)}, btargets.front()->dtype());
-    if (bacc) {
-      for (ParamGrad& g : bgrads)
-        if (!g.accumulate()) c.ops().fill(g.t(), 0.0f);
-      stack(c, db, {btargets.begin(), btargets.end()});
-    }
-    c.ops().linear_backward(nullptr, nullptr, &db, dout, inp, dw, bacc);
-    unstack(c, db, btargets);
-    db.reset();
-    for (ParamGrad& g : bgrads) g.finish();
+    // db (ΣOC) (+)= the column sums of dout, as linear_backward's own bias gradient (the stacked
+    // dW gives the op the weight's shape; it reads nothing else of it).
+    StackedGrads db(c, l.biases, {dout.dim(1)});
+    c.ops().linear_backward(nullptr, nullptr, &db.t(), dout, inp, dw.t(), db.accumulate());
+    db.finish();
   }
-  dw.reset();
-  for (ParamGrad& g : grads) g.finish();
+  dw.finish();
 }
 
 }  // namespace memtrade

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip(
     "transformers", reason="transformers 4.46.3 not installed (ci/setup.sh, ci/requirements-hf.txt)")
 
-from test_torch_reference import assert_close, load_params, run_dump  # noqa: E402
+from test_torch_reference import assert_step_fp32, load_params, run_dump  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=256, max_position_embeddings=32, rms_norm_eps=1e-6,
@@ -73,12 +73,7 @@ def test_loss_and_every_gradient_against_hf(memtrade_bin, tmp_path, case):
     model, ref_loss, ref_grads = hf_step(out, meta, config)
     # The dump's names and shapes are HF's, biases included.
     assert meta["shapes"] == {n: list(p.shape) for n, p in model.named_parameters()}
-    loss = float(np.load(out / "loss.npy"))
-    assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss), (loss, ref_loss)
-    for name in meta["params"]:
-        got = np.load(out / "grads" / f"{name}.npy")
-        ref = ref_grads[name].numpy()
-        assert_close(name, got, ref, tol=1e-5 * float(np.abs(ref).max()), eps=1e-5)
+    assert_step_fp32(out, meta, ref_loss, ref_grads)
 
 
 def test_the_hf_comparison_can_fail(memtrade_bin, tmp_path):

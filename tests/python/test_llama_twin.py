@@ -17,7 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_torch_reference import assert_close, load_params, run_dump, torch_step  # noqa: E402
+from test_torch_reference import (  # noqa: E402
+    assert_close, assert_step_fp32, load_params, run_dump, torch_step)
 
 
 @pytest.mark.parametrize("model,flags,tied", [
@@ -41,12 +42,7 @@ def test_loss_and_every_gradient_to_1e_5(memtrade_bin, tmp_path, model, flags, t
     expected = {n: list(p.shape) for n, p in twin.named_parameters()}
     assert meta["shapes"] == expected
     assert ("lm_head.weight" in meta["params"]) == (not tied)
-    loss = float(np.load(out / "loss.npy"))
-    assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss), (loss, ref_loss)
-    for name in meta["params"]:
-        got = np.load(out / "grads" / f"{name}.npy")
-        ref = ref_grads[name].numpy()
-        assert_close(name, got, ref, tol=1e-5 * float(np.abs(ref).max()), eps=1e-5)
+    assert_step_fp32(out, meta, ref_loss, ref_grads)
 
 
 def test_the_comparison_can_fail(memtrade_bin, tmp_path):

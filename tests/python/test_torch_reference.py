@@ -59,6 +59,17 @@ def torch_step(out, meta):
     return model, float(loss), grads
 
 
+def assert_step_fp32(out, meta, ref_loss, ref_grads):
+    """A step dump against a float64 reference, to fp32's bound: the loss to 1e-5 relatively, each
+    gradient element within 1e-5 of its tensor's largest element plus 1e-5 of itself."""
+    loss = float(np.load(out / "loss.npy"))
+    assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss), (loss, ref_loss)
+    for name in meta["params"]:
+        ref = ref_grads[name].numpy()
+        assert_close(name, np.load(out / "grads" / f"{name}.npy"), ref,
+                     tol=1e-5 * float(np.abs(ref).max()), eps=1e-5)
+
+
 def assert_close(name, got, ref, tol, eps):
     got = np.asarray(got, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
