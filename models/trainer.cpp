@@ -222,6 +222,25 @@ std::vector<float> Trainer::param_f32(int i) {
   return store_.param_f32(i);
 }
 
+void Trainer::set_param_f32(int i, const std::vector<float>& values) {
+  if (i < 0 || i >= store_.size())
+    throw std::out_of_range(fmt::format("parameter index {} out of range", i));
+  Tensor& target = store_.update_target(i);
+  if (static_cast<std::int64_t>(values.size()) != target.numel())
+    throw std::invalid_argument(fmt::format("{}: {} values for {} elements", store_.spec(i).name,
+                                            values.size(), target.numel()));
+  if (target.dtype() != DType::F32)
+    throw std::invalid_argument(fmt::format(
+        "{}: the weights are 16-bit without an fp32 master ({}): not set from fp32 values",
+        store_.spec(i).name, precision_name(cfg_.precision)));
+  dev_.copy(target.data(), values.data(), target.nbytes(),
+            store_.on_host(target) ? CopyKind::host_to_host : CopyKind::host_to_device);
+  dev_.synchronize(StreamKind::compute);
+  store_.publish(i, dev_.ops(), host_ops_.get());
+  store_.finish_publish();
+  dev_.synchronize(StreamKind::compute);
+}
+
 std::vector<float> Trainer::grad_f32(int i) {
   if (i < 0 || i >= store_.size())
     throw std::out_of_range(fmt::format("parameter index {} out of range", i));

@@ -61,6 +61,10 @@ class Trainer {
 
   // ---- introspection (dumps and tests): fp32 host copies, by index into model.params() -----
   std::vector<float> param_f32(int i);  // master copy if any, else the weight
+  // Sets parameter i (before a step: `step --init`) to `values`, into what the optimizer updates
+  // (the fp32 master, or an fp32 weight) and on to the weights the model reads. Throws
+  // std::invalid_argument on a size mismatch or where that tensor is 16-bit (pure precisions).
+  void set_param_f32(int i, const std::vector<float>& values);
   // Unscaled gradient of the mean loss over the effective batch: the copy captured during the
   // last step when set_capture_grads(true), else the resident grad (zero_grad=zero) divided by
   // the last step's scale; empty if there is none.

@@ -65,15 +65,19 @@ void register_point_commands(CLI::App& app, Commands& cmds) {
 
   auto& step_flags = cmds.keep<KnobFlags>();
   auto& dump_dir = cmds.keep<std::string>();
+  auto& init_dir = cmds.keep<std::string>();
   CLI::App* step = app.add_subcommand("step", "Run one optimizer step of one point");
   add_knob_flags(*step, step_flags);
   step->add_option("--dump", dump_dir, "Write inputs, loss, params, grads (.npy) to this dir");
-  cmds.add(step, [&step_flags, &dump_dir] {
+  step->add_option("--init", init_dir,
+                   "With --dump: start from these parameters (DIR/<name>.npy, every one)");
+  cmds.add(step, [&step_flags, &dump_dir, &init_dir] {
     TrainConfig cfg = to_train_config(step_flags);
     auto dev = device_for(step_flags, cfg);
     auto model = make_model(cfg);
+    if (!init_dir.empty() && dump_dir.empty()) throw BadInput("--init goes with --dump");
     if (!dump_dir.empty()) {
-      write_step_dump(*dev, *model, cfg, dump_dir);
+      write_step_dump(*dev, *model, cfg, dump_dir, init_dir);
       fmt::print("wrote step dump of {} to {}\n", cfg.model, dump_dir);
       return 0;
     }

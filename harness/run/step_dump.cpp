@@ -1,11 +1,14 @@
 #include "harness/run/step_dump.h"
 
 #include <fstream>
+#include <set>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
+#include "harness/common/bad_input.h"
 #include "harness/run/npy.h"
+#include "models/input_text.h"
 #include "models/knobs.h"
 #include "models/optimizer.h"
 #include "models/saved_tensors.h"
@@ -42,8 +45,51 @@ nlohmann::json resolved_json(const TrainConfig& cfg, const Model& model) {
           {"loss_scale_growth_interval", cfg.loss_scale_growth_interval}};
 }
 
+namespace {
+
+// --init DIR: every trainable parameter from DIR/<name>.npy, strictly (as load_state_dict).
+void load_init(Trainer& trainer, const std::vector<ParamSpec>& specs,
+               const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  const std::string shown = echo(dir.string(), kEchoPathMax);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw BadInput(fmt::format("--init {}: not a folder", shown));
+  std::set<std::string> expected;
+  for (const ParamSpec& s : specs)
+    if (s.trainable) expected.insert(s.name + ".npy");
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.ends_with(".npy") && !expected.count(f))
+      throw BadInput(fmt::format("--init {}: {} is no parameter of this model", shown, echo(f)));
+  }
+  for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
+    const ParamSpec& s = specs[static_cast<std::size_t>(i)];
+    if (!s.trainable) continue;
+    const fs::path file = dir / (s.name + ".npy");
+    if (!fs::exists(file, ec))
+      throw BadInput(fmt::format("--init {}: missing {}.npy", shown, echo(s.name)));
+    NpyArray a;
+    try {
+      a = read_npy(file);
+    } catch (const std::exception& e) {
+      throw BadInput(fmt::format("--init {}: {}", shown, echo(e.what(), 200)));
+    }
+    if (a.descr != "<f4" || a.shape != s.shape)
+      throw BadInput(fmt::format("--init {}: {}.npy is {} {}, the parameter float32 {}", shown,
+                                 echo(s.name), a.descr, nlohmann::json(a.shape).dump(),
+                                 nlohmann::json(s.shape).dump()));
+    try {
+      trainer.set_param_f32(i, a.f32);
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(fmt::format("--init: {}", e.what()));
+    }
+  }
+}
+
+}  // namespace
+
 void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
-                     const std::filesystem::path& dir) {
+                     const std::filesystem::path& dir, const std::filesystem::path& init) {
   namespace fs = std::filesystem;
   const bool train = cfg.mode == Mode::train;
   fs::create_directories(dir / "params");
@@ -55,6 +101,7 @@ void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
   Trainer trainer(dev, model, cfg);
   trainer.set_capture_grads(true);
   const auto& specs = model.params();
+  if (!init.empty()) load_init(trainer, specs, init);
   nlohmann::json names = nlohmann::json::array();
   nlohmann::json shapes = nlohmann::json::object();
   for (int i = 0; i < static_cast<int>(specs.size()); ++i) {

@@ -35,9 +35,12 @@
 namespace memtrade {
 
 // Runs ONE step of a fresh Trainer(dev, model, cfg) and writes the files above (creating DIR).
+// With `init` (`step --init DIR`), the trainable parameters start from DIR/<name>.npy instead of
+// the seed's init: every one, with its shape, and no other .npy (a dump's params/ or
+// params_after/, or a reference's own weights: HF's, with non-zero biases). BadInput otherwise.
 // Throws std::runtime_error when a file cannot be written.
 void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
-                     const std::filesystem::path& dir);
+                     const std::filesystem::path& dir, const std::filesystem::path& init = {});
 
 // What memtrade resolves from a config before it runs it, so that a peer (bench/peers/) runs the
 // same training without re-implementing memtrade's rules: {"lr": the effective learning rate,

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/common/bad_input.h"
 #include "harness/run/npy.h"
 #include "harness/run/step_dump.h"
 #include "kernels/device.h"
@@ -227,6 +228,59 @@ TEST(StepDump, EvalWritesNoGrads) {
   EXPECT_TRUE(fs::exists(dir.path() / "params"));
   EXPECT_FALSE(fs::exists(dir.path() / "grads"));
   EXPECT_EQ(read_json(dir.path() / "meta.json")["config"]["mode"], "eval");
+}
+
+// --init: a dump started from another dump's params_after/ has those as its params/, bit for
+// bit, in fp32 and with an fp32 master (bf16-o2); what does not fit the model is bad input.
+TEST(StepDump, InitStartsFromTheGivenParameters) {
+  auto dev = cpu();
+  TrainConfig cfg;
+  cfg.model = "mlp-tiny";
+  cfg.batch_size = 4;
+  cfg.optimizer = OptimizerKind::sgd;
+  TempDir first("init_a"), second("init_b");
+  {
+    auto model = make_model("mlp-tiny");
+    write_step_dump(*dev, *model, cfg, first.path());
+  }
+  for (Precision p : {Precision::fp32, Precision::bf16_o2}) {
+    cfg.precision = p;
+    auto model = make_model("mlp-tiny");
+    fs::remove_all(second.path());
+    write_step_dump(*dev, *model, cfg, second.path(), first.path() / "params_after");
+    const nlohmann::json meta = read_json(second.path() / "meta.json");
+    for (const auto& name : meta["params"]) {
+      const std::string n = name.get<std::string>();
+      EXPECT_EQ(read_npy(second.path() / "params" / (n + ".npy")).f32,
+                read_npy(first.path() / "params_after" / (n + ".npy")).f32)
+          << n;
+    }
+  }
+  auto refused = [&](const fs::path& init, Precision p, const std::string& what) {
+    cfg.precision = p;
+    auto model = make_model("mlp-tiny");
+    try {
+      write_step_dump(*dev, *model, cfg, second.path(), init);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const BadInput& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused(first.path() / "nowhere", Precision::fp32, "not a folder");
+  refused(first.path() / "params_after", Precision::bf16_pure, "16-bit without an fp32 master");
+  TempDir partial("init_c");
+  fs::create_directories(partial.path());
+  for (const auto& e : fs::directory_iterator(first.path() / "params"))
+    fs::copy_file(e.path(), partial.path() / e.path().filename());
+  const std::string one = read_json(first.path() / "meta.json")["params"][0];
+  fs::remove(partial.path() / (one + ".npy"));
+  refused(partial.path(), Precision::fp32, "missing " + one + ".npy");
+  write_npy(partial.path() / (one + ".npy"), std::vector<float>(3, 0.0f), Shape{3});
+  refused(partial.path(), Precision::fp32, one + ".npy is <f4 [3], the parameter float32");
+  fs::remove(partial.path() / (one + ".npy"));
+  fs::copy_file(first.path() / "params" / (one + ".npy"), partial.path() / (one + ".npy"));
+  write_npy(partial.path() / "extra.npy", std::vector<float>(1, 0.0f), Shape{1});
+  refused(partial.path(), Precision::fp32, "extra.npy is no parameter of this model");
 }
 
 }  // namespace

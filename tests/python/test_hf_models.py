@@ -1,10 +1,11 @@
 """memtrade against Hugging Face transformers' own modeling code (issue 25): the architectures
 memtrade reads from a config.json, run as `modeling_*.py` of transformers 4.46.3 defines them.
 
-`memtrade step --model-config C --dump` writes the batch, the parameters (HF's state-dict names)
-and the gradients of one step; HF's model class is built from the same config.json, the
-parameters are loaded by name (strict: every HF parameter, nothing else), and HF's forward gives
-the logits, in float64. The loss is cross-entropy of those logits against memtrade's targets (the
+HF's model class is built from the same config.json and initialised by HF (its own
+_init_weights), then its biases and norm weights are drawn away from their zero and one starts so
+that every term counts in forward. `memtrade step --model-config C --init DIR --dump` starts from
+exactly those parameters (HF's state-dict names, strict) and writes the batch, the parameters and
+the gradients of one step; HF's forward on the dumped parameters gives the logits, in float64. The loss is cross-entropy of those logits against memtrade's targets (the
 next tokens; HF's own `labels` loss shifts inside the model, the same sum in another order).
 Bound: fp32's, as tests/python/test_llama_twin.py (a float64 reference): the loss to 1e-5
 relatively, each gradient element within 1e-5 of its tensor's largest element plus 1e-5 of
@@ -62,13 +63,32 @@ def hf_step(out, meta, config):
     return model, float(loss), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
+def hf_init(config, folder, seed=0):
+    """HF's own initial parameters, biases and norm weights moved off 0 and 1, as DIR/<name>.npy
+    (float32; a tied head is the embedding's and not written)."""
+    torch.manual_seed(seed)
+    model = hf_model(config)
+    folder.mkdir()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.1)
+            elif "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            np.save(folder / f"{name}.npy", p.detach().float().numpy())
+    return {n: p.detach().float().numpy() for n, p in model.named_parameters()}
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_loss_and_every_gradient_against_hf(memtrade_bin, tmp_path, case):
     config = CASES[case]
     (tmp_path / "config.json").write_text(json.dumps(config))
+    init = hf_init(config, tmp_path / "init")
     out, meta = run_dump(memtrade_bin, tmp_path, "--model-config", str(tmp_path / "config.json"),
                          "--seq-len", "16", "--batch-size", "3", "--optimizer", "sgd",
-                         "--precision", "fp32")
+                         "--precision", "fp32", "--init", str(tmp_path / "init"))
+    for name in meta["params"]:  # memtrade started from HF's parameters, bit for bit
+        assert np.array_equal(np.load(out / "params" / f"{name}.npy"), init[name]), name
     assert meta["hyper"]["architecture"] == config["architectures"][0]
     model, ref_loss, ref_grads = hf_step(out, meta, config)
     # The dump's names and shapes are HF's, biases included.
