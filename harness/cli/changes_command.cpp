@@ -65,12 +65,13 @@ std::vector<HistorySeries> series_from_file(const std::string& path) {
         throw bad(fmt::format("series {}: values must be finite numbers", echo(h.point_id)));
       h.values.push_back(v.get<double>());
     }
+    const json commits = s.value("commits", json::array()), times = s.value("times", json::array());
     for (std::size_t i = 0; i < h.values.size(); ++i) {
-      const json& c = s.value("commits", json::array());
-      h.commits.push_back(i < c.size() && c[i].is_string() ? c[i].get<std::string>()
-                                                           : fmt::format("run{}", i));
-      const json& t = s.value("times", json::array());
-      h.times.push_back(i < t.size() && t[i].is_string() ? t[i].get<std::string>() : "");
+      h.commits.push_back(i < commits.size() && commits[i].is_string()
+                              ? commits[i].get<std::string>()
+                              : fmt::format("run{}", i));
+      h.times.push_back(i < times.size() && times[i].is_string() ? times[i].get<std::string>()
+                                                                 : "");
     }
     out.push_back(std::move(h));
   }

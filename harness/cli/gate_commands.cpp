@@ -97,10 +97,9 @@ int cmd_compare(const CompareArgs& a) {
           "is not a regression (--allow-env-change compares anyway)",
           fmt::join(diffs, "; ")));
     if (!diffs.empty())
-      std::fprintf(stderr, "memtrade compare: environments differ (%s)%s\n",
-                   fmt::format("{}", fmt::join(diffs, "; ")).c_str(),
-                   matters ? ", compared as asked (--allow-env-change)"
-                           : "; memory is exact on every CPU and time is not gated");
+      fmt::print(stderr, "memtrade compare: environments differ ({}){}\n", fmt::join(diffs, "; "),
+                 matters ? ", compared as asked (--allow-env-change)"
+                         : "; memory is exact on every CPU and time is not gated");
     const Instability inst = machine_instability(c, base, head);
     if (inst.unstable()) {
       for (auto& r : c.rows)
@@ -110,8 +109,8 @@ int cmd_compare(const CompareArgs& a) {
           r.verdict = Verdict::inconclusive;
           r.note = "unstable machine: rerun interleaved";
         }
-      std::fprintf(stderr, "memtrade compare: unstable machine: rerun interleaved (%s)\n",
-                   fmt::format("{}", fmt::join(inst.reasons, "; ")).c_str());
+      fmt::print(stderr, "memtrade compare: unstable machine: rerun interleaved ({})\n",
+                 fmt::join(inst.reasons, "; "));
     }
   }
 

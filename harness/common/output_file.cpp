@@ -1,8 +1,6 @@
 #include "harness/common/output_file.h"
 
-#include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cstring>
 
 #include <fcntl.h>
@@ -11,6 +9,7 @@
 #include <unistd.h>
 
 #include "harness/common/bad_input.h"
+#include "harness/common/process.h"
 #include "models/input_text.h"
 
 namespace memtrade {
@@ -121,13 +120,9 @@ void remove_stale_temporaries(const fs::path& path) {
   for (const auto& entry : fs::directory_iterator(folder_of(path), ec)) {
     const std::string name = entry.path().filename().string();
     if (!name.starts_with(prefix) || !name.ends_with(".tmp")) continue;
-    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 4);
-    if (digits.empty() || digits.size() > 9 ||
-        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(digits));
-    if (pid == getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive
-    fs::remove(entry.path(), ec);
+    if (names_a_dead_process(
+            std::string_view(name).substr(prefix.size(), name.size() - prefix.size() - 4)))
+      fs::remove(entry.path(), ec);
   }
 }
 

@@ -1,5 +1,7 @@
 #include "harness/common/process.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -82,6 +84,14 @@ bool interrupted() {
 std::string describe_signal(int sig) {
   const char* name = strsignal(sig);
   return fmt::format("{} (signal {})", name ? name : "unknown signal", sig);
+}
+
+bool names_a_dead_process(std::string_view digits) {
+  if (digits.empty() || digits.size() > 9 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return false;
+  const pid_t pid = static_cast<pid_t>(std::stol(std::string(digits)));
+  return pid != getpid() && ::kill(pid, 0) != 0 && errno == ESRCH;  // else alive, or not ours
 }
 
 std::filesystem::path self_executable() {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -43,6 +44,11 @@ bool interrupted();
 
 // "Segmentation fault (signal 11)"
 std::string describe_signal(int sig);
+// Whether `digits` (the pid part of a leftover's name: `memtrade-<pid>`, `.x.json.<pid>.tmp`)
+// names a process that is gone: a whole number of at most 9 digits, not this process, and no
+// process of that pid visible (one that lives again, reused, keeps its leftover).
+bool names_a_dead_process(std::string_view digits);
+
 // Path of the running executable (/proc/self/exe).
 std::filesystem::path self_executable();
 

@@ -192,16 +192,10 @@ void reclaim_stale_work_dirs(const std::filesystem::path& tmp) {
   for (const auto& entry : std::filesystem::directory_iterator(tmp, ec)) {
     const std::string name = entry.path().filename().string();
     if (!name.starts_with("memtrade-") || !entry.is_directory(ec)) continue;
-    const std::string digits = name.substr(9);
-    if (digits.empty() || digits.size() > 9 ||
-        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(digits));
     struct stat st {};
-    if (pid == getpid() || ::stat(entry.path().c_str(), &st) != 0 || st.st_uid != getuid())
-      continue;
-    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to ask)
-    std::filesystem::remove_all(entry.path(), ec);
+    if (::stat(entry.path().c_str(), &st) != 0 || st.st_uid != getuid()) continue;
+    if (names_a_dead_process(std::string_view(name).substr(9)))
+      std::filesystem::remove_all(entry.path(), ec);
   }
 }
 

@@ -83,6 +83,14 @@ class Case:
             return "bad accepted", f"exit {self.rc} for bad input: {err[:200]!r}"
         return "clean", ""
 
+    def settle_results(self, path, expected_ids):
+        """settle(), with a results file the run left judged as well (results_problem)."""
+        problem = results_problem(path, expected_ids)
+        if problem:
+            self.settle("data lost", problem)
+        else:
+            self.settle()
+
     def settle(self, outcome=None, why=""):
         if outcome is not None and self.outcome == "clean":
             self.outcome, self.why = outcome, why
@@ -230,8 +238,7 @@ def test_config_files(case, command):
                       "256MiB", "--timeout", "30s", "--quiet", "--out", str(out)], 90, bad,
                      given=text)
             if c.rc in (0, 1):
-                c.settle(*(("data lost", results_problem(out, None)) if results_problem(out, None)
-                           else (None,)))
+                c.settle_results(out, None)
                 return
         c.settle()
 
@@ -326,8 +333,7 @@ def test_grid_files(text):
                                "--timeout", "20s", "--capacity", "256MiB", "--quiet", "--out",
                                str(out)], 30 + 25 * len(ids), cwd=d, given=text)
         if c.rc in (0, 1) and c.outcome == "clean":
-            problem = results_problem(out, ids)
-            c.settle(*(("data lost", problem) if problem else (None,)))
+            c.settle_results(out, ids)
             return
         c.settle("wrong exit", "the grid listed but did not run") if c.rc == 2 else c.settle()
 
@@ -386,8 +392,7 @@ def test_flags(args):
         c = Case("flags", args, 120, cwd=d)
         out = pathlib.Path(d) / "r.json"
         if args[0] == "run" and c.rc in (0, 1) and c.outcome == "clean" and out.exists():
-            problem = results_problem(out, None)
-            c.settle(*(("data lost", problem) if problem else (None,)))
+            c.settle_results(out, None)
             return
         c.settle()
 
