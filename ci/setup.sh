@@ -13,7 +13,7 @@ packages=(
   libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
   libopenblas-openmp-dev libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev
   python3 python3-numpy python3-matplotlib python3-pytest python3-torch python3-jsonschema
-  python3-hypothesis ccache
+  python3-hypothesis ccache openmpi-bin libopenmpi-dev
   "$@"
 )
 

@@ -82,6 +82,9 @@ class Device {
   // init, input batches, host staging) skips that work there but makes every allocation it
   // would make, so the allocation sequence stays the real one.
   virtual bool holds_data() const { return true; }
+  // The data-parallel rank a device without data plays (its collectives move nothing: Comm's
+  // meta backend, kernels/comm.h), so that the memory model can run any rank of N.
+  virtual int meta_rank() const { return 0; }
   // Ops for tensors in pinned() memory, the host side of the offload modes: CPU ops (their
   // scratch comes from the tensors' allocator, i.e. pinned memory); the meta device's take the
   // same scratch and do no arithmetic.

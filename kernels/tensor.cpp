@@ -34,12 +34,13 @@ Tensor& Tensor::operator=(Tensor&& o) noexcept {
     shape_ = std::move(o.shape_);
     dtype_ = o.dtype_;
     category_ = o.category_;
+    owner_ = std::exchange(o.owner_, true);
   }
   return *this;
 }
 
 void Tensor::reset() noexcept {
-  if (data_ != nullptr) {
+  if (data_ != nullptr && owner_) {
     try {
       alloc_->free(data_);
     } catch (...) {
@@ -48,7 +49,23 @@ void Tensor::reset() noexcept {
   }
   data_ = nullptr;
   alloc_ = nullptr;
+  owner_ = true;
   shape_.clear();
+}
+
+Tensor Tensor::view(Tensor& base, std::int64_t offset, std::int64_t numel) {
+  if (!base.defined() || offset < 0 || numel < 0 || offset + numel > base.numel())
+    throw std::invalid_argument(fmt::format("view [{}, {}) of a tensor of {} elements", offset,
+                                            offset + numel, base.numel()));
+  Tensor v;
+  v.alloc_ = base.alloc_;
+  v.data_ = static_cast<unsigned char*>(base.data_) +
+            static_cast<std::size_t>(offset) * dtype_size(base.dtype_);
+  v.shape_ = {numel};
+  v.dtype_ = base.dtype_;
+  v.category_ = base.category_;
+  v.owner_ = false;
+  return v;
 }
 
 void Tensor::reshape(Shape shape) {

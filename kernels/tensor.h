@@ -59,12 +59,20 @@ class Tensor {
   // Same bytes, new shape of the same numel (no copy).
   void reshape(Shape shape);
 
+  // A view of `numel` elements of `base` from element `offset` on, shape (numel): the same bytes,
+  // not owned (reset() forgets them, the base frees them), the base's allocator, dtype and
+  // category, so that what is made for it (optimizer state) comes from where the base lives.
+  // The base must outlive it. Data parallelism updates a rank's part of a parameter through one.
+  static Tensor view(Tensor& base, std::int64_t offset, std::int64_t numel);
+  bool is_view() const { return defined() && !owner_; }
+
  private:
   CachingAllocator* alloc_ = nullptr;
   void* data_ = nullptr;
   Shape shape_;
   DType dtype_ = DType::F32;
   Category category_ = Category::temporaries;
+  bool owner_ = true;  // false for a view
 };
 
 }  // namespace memtrade

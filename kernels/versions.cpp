@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/comm.h"
 #include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_vec.h"
 #include "kernels/cuda_probe.h"
@@ -46,6 +47,9 @@ std::vector<std::pair<std::string, std::string>> library_versions() {
   v.emplace_back("fmt", fmt::format("{}.{}.{}", FMT_VERSION / 10000, FMT_VERSION / 100 % 100,
                                     FMT_VERSION % 100));
   for (auto& kv : cuda_library_versions()) v.push_back(kv);
+  // Data parallelism's collectives (kernels/comm.h): MPI on the CPU, NCCL on CUDA.
+  v.emplace_back("MPI", mpi_library_version());
+  v.emplace_back("NCCL", nccl_library_version());
   return v;
 }
 

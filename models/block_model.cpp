@@ -169,6 +169,7 @@ void BlockModel::backward(Device& dev, ParamStore& store, float dloss) {
       store.enter_block(i);
       block_backward(c, i, dres);
       store.clear_casts();  // casts a selective recompute made for itself
+      store.block_grads_done(i);
       store.exit_block(i);
       saved.release(i);
     }

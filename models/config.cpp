@@ -74,10 +74,27 @@ constexpr std::array<std::pair<std::string_view, AttentionKind>, 2> kAttentionKi
     {"flash", AttentionKind::flash},
 }};
 
+constexpr std::array<std::pair<std::string_view, Sharding>, 4> kShardings{{
+    {"none", Sharding::none},
+    {"zero1", Sharding::zero1},
+    {"zero2", Sharding::zero2},
+    {"zero3", Sharding::zero3},
+}};
+
 }  // namespace
 
 std::int64_t samples_per_step(const TrainConfig& c) {
-  return c.batch_size * c.accumulation;
+  return c.data_parallel * c.batch_size * c.accumulation;
+}
+
+std::string_view sharding_name(Sharding s) {
+  return name_of(kShardings, s);
+}
+std::optional<Sharding> parse_sharding(std::string_view s) {
+  return lookup(kShardings, s);
+}
+std::vector<std::string> sharding_names() {
+  return names(kShardings);
 }
 
 bool needs_cuda(const TrainConfig& c) {

@@ -42,6 +42,10 @@ enum class ZeroGrad : std::uint8_t { set_to_none, zero };
 enum class Mode : std::uint8_t { train, eval };
 enum class EmptyCache : std::uint8_t { never, per_step };
 enum class InputMemory : std::uint8_t { pinned, pageable };
+// Data parallelism's sharding (models/data_parallel.h): none = DDP (replicated weights, grads
+// all-reduced in 25 MiB buckets); zero1 = + optimizer state (and fp32 master) sharded; zero2 =
+// + grads reduce-scattered; zero3 = + weights sharded, gathered per block (FSDP FULL_SHARD).
+enum class Sharding : std::uint8_t { none, zero1, zero2, zero3 };
 
 // Activation checkpointing: a density in [0, 1] (fraction of blocks recomputed, evenly spaced),
 // first<density> (the same number of blocks, the first ones: which blocks are recomputed), sqrt
@@ -82,9 +86,13 @@ struct TrainConfig {
   float lr = 0.0f;                                 // 0 = the optimizer's default for this model
   std::int64_t loss_scale_growth_interval = 2000;  // fp16 dynamic loss scaling
   float loss_scale_init = 65536.0f;
+  // Data parallelism: ranks (batch_size stays per rank: a step's global batch is
+  // data_parallel × batch_size × accumulation), and what is sharded over them.
+  std::int64_t data_parallel = 1;
+  Sharding sharding = Sharding::none;
 };
 
-// The samples one optimizer step averages over: batch_size × accumulation.
+// The samples one optimizer step averages over: data_parallel × batch_size × accumulation.
 std::int64_t samples_per_step(const TrainConfig& c);
 // Whether the config runs only on the CUDA backend (tf32 is a tensor-core format).
 bool needs_cuda(const TrainConfig& c);
@@ -98,6 +106,7 @@ std::string_view mode_name(Mode m);
 std::string_view empty_cache_name(EmptyCache e);
 std::string_view input_name(InputMemory i);
 std::string_view attention_kind_name(AttentionKind a);  // "math", "flash"
+std::string_view sharding_name(Sharding s);             // "none", "zero1", "zero2", "zero3"
 std::optional<Precision> parse_precision(std::string_view s);
 std::optional<OptimizerKind> parse_optimizer(std::string_view s);
 std::optional<Offload> parse_offload(std::string_view s);
@@ -106,6 +115,7 @@ std::optional<Mode> parse_mode(std::string_view s);
 std::optional<EmptyCache> parse_empty_cache(std::string_view s);
 std::optional<InputMemory> parse_input(std::string_view s);
 std::optional<AttentionKind> parse_attention_kind(std::string_view s);
+std::optional<Sharding> parse_sharding(std::string_view s);
 
 // All accepted spellings of each axis, for help texts and error messages.
 std::vector<std::string> precision_names();
@@ -116,6 +126,7 @@ std::vector<std::string> mode_names();
 std::vector<std::string> empty_cache_names();
 std::vector<std::string> input_names();
 std::vector<std::string> attention_kind_names();
+std::vector<std::string> sharding_names();
 
 // The storage dtype of the weights on the device (and of every activation outside autocast),
 // whether an fp32 master copy exists, and the loss scaling of fp16.

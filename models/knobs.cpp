@@ -345,6 +345,34 @@ std::vector<Knob> make_table() {
 
   t.push_back(model_config_knob());
 
+  // Data parallelism (models/data_parallel.h): the ranks, and what is sharded over them.
+  // 65536 ranks bound the estimator's meta runs; a real run launches that many processes.
+  t.push_back(count_knob("data_parallel", "--dp", "dp",
+                         "Data-parallel ranks (MPI processes on the CPU, one GPU each with NCCL); "
+                         "batch_size stays per rank, so a step trains on dp × batch × "
+                         "accumulation samples, rank r on its contiguous share",
+                         &TrainConfig::data_parallel, {"1", "2"}, 65536));
+  t.back().id_rule = IdRule::non_default;
+  t.back().resolve = [](TrainConfig& c) -> std::optional<std::string> {
+    if (c.data_parallel > 1 &&
+        (c.offload == Offload::optimizer || c.offload == Offload::params))
+      return fmt::format(
+          "offload {} with data parallelism is not modelled yet (ZeRO-Offload of each rank's "
+          "shard): use offload none or activations",
+          offload_name(c.offload));
+    return std::nullopt;
+  };
+  Knob sharding = enum_knob(
+      "sharding", "--sharding", "sh-",
+      "What data parallelism shards over the ranks: none (DDP: grads all-reduced in 25 MiB "
+      "buckets), zero1 (+ optimizer state and fp32 master: DeepSpeed stage 1), zero2 (+ grads "
+      "reduce-scattered: stage 2, FSDP SHARD_GRAD_OP), zero3 (+ weights, gathered per block: "
+      "stage 3, FSDP FULL_SHARD); each parameter split in ceil(n / dp) parts",
+      &TrainConfig::sharding, sharding_name, parse_sharding, sharding_names);
+  sharding.id_rule = IdRule::non_default;
+  sharding.applies = [](const TrainConfig& c) { return c.data_parallel > 1; };
+  t.push_back(std::move(sharding));
+
   for (Knob& k : t) {
     if (!k.id_text) k.id_text = k.get;
     if (!k.applies) k.applies = [](const TrainConfig&) { return true; };

@@ -51,6 +51,10 @@ class ParamStore {
   // (offload = params) can be brought in before use and dropped after.
   virtual void enter_block(int /*block*/) {}
   virtual void exit_block(int /*block*/) {}
+  // Called after a block's backward (before its exit_block): its parameters' gradients of this
+  // micro-batch are complete, so data parallelism may reduce them while backward goes on (the
+  // moment torch's autograd hooks tell DDP and FSDP).
+  virtual void block_grads_done(int /*block*/) {}
 
   // ---- autocast's weight-cast cache (torch's cached_cast) --------------------------------------
   // weight(index) cast to `dtype` with `ops`: made on the first request of an autocast region

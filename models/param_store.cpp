@@ -53,12 +53,20 @@ ParamPlacement ParamPlacement::from(const TrainConfig& cfg) {
   p.compute = compute_dtype(cfg.precision);
   p.master = has_master_copy(cfg.precision);
   p.offload = cfg.offload;
+  p.sharding = cfg.data_parallel > 1 ? cfg.sharding : Sharding::none;
   return p;
 }
 
 TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& specs,
-                                     const ParamPlacement& placement, std::uint64_t seed)
-    : dev_(dev), specs_(specs), place_(placement), slots_(specs.size()) {
+                                     const ParamPlacement& placement, std::uint64_t seed,
+                                     Comm& comm)
+    : dev_(dev),
+      specs_(specs),
+      place_(placement),
+      slots_(specs.size()),
+      comm_(comm),
+      layout_{comm.size(), comm.rank()} {
+  if (layout_.ranks == 1) place_.sharding = Sharding::none;
   int max_block = -1;
   for (const auto& s : specs_) max_block = std::max(max_block, s.block);
   block_params_.resize(static_cast<std::size_t>(max_block + 1));
@@ -82,11 +90,35 @@ TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& 
       on_device(s.weight);
       continue;
     }
-    if (streamed(i)) {
-      block_params_[static_cast<std::size_t>(spec.block)].push_back(i);
+    if (sharded()) {
+      const std::int64_t n = shape_numel(spec.shape);
+      const std::int64_t per = (n + layout_.ranks - 1) / layout_.ranks;
+      s.offset = std::min(n, per * layout_.rank);
+      s.part = std::min(per, n - s.offset);
+    }
+    // This rank's part of the initial values (every rank draws the whole parameter: the same
+    // values as one rank would have).
+    auto part_values = [&] {
+      return init ? std::vector<float>(values.begin() + s.offset,
+                                       values.begin() + s.offset + s.part)
+                  : std::vector<float>{};
+    };
+    if (streamed(i) || gathered(i)) {
+      if (spec.block >= 0) block_params_[static_cast<std::size_t>(spec.block)].push_back(i);
     } else {
       s.weight = dev_.empty(spec.shape, place_.compute, Category::params);
       on_device(s.weight);
+    }
+    if (place_.sharding == Sharding::zero3) {
+      s.shard = dev_.empty({s.part}, place_.compute, Category::params);
+      if (init) dev_.from_host_f32(s.shard, part_values());
+    }
+    if (sharded()) {
+      if (place_.master) {
+        s.master = dev_.empty({s.part}, DType::F32, Category::master);
+        if (init) dev_.from_host_f32(s.master, part_values());
+      }
+      continue;
     }
     if (place_.stream_params()) {
       s.host_weight = dev_.empty_pinned(spec.shape, place_.compute, Category::params);
@@ -106,6 +138,14 @@ TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& 
       on_device(s.master);
     }
   }
+  make_buckets();
+}
+
+void TrainerParamStore::make_buckets() {
+  // DDP allocates its buckets when it wraps the model (Reducer::initialize_buckets).
+  if (layout_.ranks == 1 || place_.sharding != Sharding::none) return;
+  for (const DdpBucket& b : ddp_buckets(specs_, place_.compute))
+    buckets_.push_back(dev_.empty({b.numel}, place_.compute, Category::grads));
 }
 
 TrainerParamStore::Slot& TrainerParamStore::slot(int index) {
@@ -117,6 +157,10 @@ TrainerParamStore::Slot& TrainerParamStore::slot(int index) {
 bool TrainerParamStore::streamed(int index) const {
   const ParamSpec& spec = specs_[static_cast<std::size_t>(index)];
   return place_.stream_params() && spec.trainable && spec.block >= 0;
+}
+
+bool TrainerParamStore::gathered(int index) const {
+  return place_.sharding == Sharding::zero3 && specs_[static_cast<std::size_t>(index)].trainable;
 }
 
 Tensor& TrainerParamStore::weight(int index) {
@@ -153,10 +197,97 @@ void TrainerParamStore::enter_block(int block) {
   if (static_cast<std::size_t>(block) >= block_depth_.size()) return;  // a block without params
   if (block_depth_[static_cast<std::size_t>(block)]++ > 0) return;
   for (int i : block_params_[static_cast<std::size_t>(block)]) {
+    if (gathered(i)) {
+      gather_weight(i);
+      continue;
+    }
     Slot& s = slot(i);
     s.weight = dev_.empty(spec(i).shape, place_.compute, Category::params);
     upload_weight(i);
   }
+}
+
+void TrainerParamStore::gather_weight(int index) {
+  ScopedRange range(dev_, "param_gather");
+  Slot& s = slot(index);
+  s.weight = dev_.empty(spec(index).shape, place_.compute, Category::params);
+  if (comm_.moves_data()) comm_.all_gather(s.shard, s.weight, even_parts(s.weight.numel(), layout_.ranks));
+}
+
+void TrainerParamStore::gather_root() {
+  if (place_.sharding != Sharding::zero3) return;
+  for (int i = 0; i < size(); ++i)
+    if (gathered(i) && spec(i).block < 0) gather_weight(i);
+}
+
+void TrainerParamStore::release_root() {
+  if (place_.sharding != Sharding::zero3) return;
+  for (int i = 0; i < size(); ++i)
+    if (gathered(i) && spec(i).block < 0) slot(i).weight.reset();
+}
+
+void TrainerParamStore::block_grads_done(int block) {
+  if (!sync_ || layout_.ranks == 1) return;
+  if (place_.sharding != Sharding::zero2 && place_.sharding != Sharding::zero3) return;
+  for (int i = 0; i < size(); ++i)
+    if (spec(i).block == block && spec(i).trainable && slot(i).grad.defined())
+      reduce_scatter_grad(i, dev_.ops());
+}
+
+void TrainerParamStore::reduce_scatter_grad(int index, Ops& ops) {
+  ScopedRange range(dev_, "grad_reduce_scatter");
+  Slot& s = slot(index);
+  Tensor part = dev_.empty({s.part}, place_.compute, Category::grads);
+  if (comm_.moves_data()) comm_.reduce_scatter(s.grad, part, even_parts(s.grad.numel(), layout_.ranks));
+  s.grad.reset();  // the full grad is gone; the rank keeps its part
+  if (s.grad_part.defined()) {
+    ops.add_inplace(s.grad_part, part);  // zero_grad=zero: onto the zero-filled part
+  } else {
+    s.grad_part = std::move(part);
+  }
+}
+
+void TrainerParamStore::reduce_grads(Ops& ops) {
+  if (layout_.ranks == 1) return;
+  ScopedRange range(dev_, "grad_reduce");
+  if (place_.sharding == Sharding::none) {
+    // DDP: each bucket gathers its grads, is all-reduced, and gives them back.
+    const std::vector<DdpBucket> plan = ddp_buckets(specs_, place_.compute);
+    for (std::size_t b = 0; b < plan.size(); ++b) {
+      Tensor& bucket = buckets_[b];
+      auto* base = static_cast<unsigned char*>(bucket.data());
+      std::size_t off = 0;
+      for (int i : plan[b].params) {
+        Slot& s = slot(i);
+        if (!s.grad.defined()) s.grad = dev_.empty(spec(i).shape, place_.compute, Category::grads);
+        dev_.copy(base + off, s.grad.data(), s.grad.nbytes(), CopyKind::device_to_device);
+        off += s.grad.nbytes();
+      }
+      if (comm_.moves_data()) comm_.all_reduce(bucket);
+      off = 0;
+      for (int i : plan[b].params) {
+        Slot& s = slot(i);
+        dev_.copy(s.grad.data(), base + off, s.grad.nbytes(), CopyKind::device_to_device);
+        off += s.grad.nbytes();
+      }
+    }
+    return;
+  }
+  for (int i = 0; i < size(); ++i) {
+    Slot& s = slot(i);
+    if (!spec(i).trainable || !s.grad.defined()) continue;
+    if (place_.sharding == Sharding::zero1) {
+      if (comm_.moves_data()) comm_.all_reduce(s.grad);
+    } else {
+      reduce_scatter_grad(i, ops);  // what no block's backward reduced (outside the blocks)
+    }
+  }
+}
+
+void TrainerParamStore::broadcast_buffers() {
+  if (layout_.ranks == 1 || !comm_.moves_data()) return;
+  for (int i = 0; i < size(); ++i)
+    if (!spec(i).trainable) comm_.broadcast(slot(i).weight, 0);
 }
 
 void TrainerParamStore::exit_block(int block) {
@@ -171,6 +302,7 @@ void TrainerParamStore::exit_block(int block) {
 
 void TrainerParamStore::begin_step(ZeroGrad zero_grad, Ops& ops) {
   for (auto& s : slots_) {
+    if (zero_grad == ZeroGrad::zero && s.grad_part.defined()) ops.fill(s.grad_part, 0.0f);
     if (zero_grad == ZeroGrad::zero && s.grad.defined()) {
       ops.fill(s.grad, 0.0f);
       s.grad_written = true;  // every write of this step adds onto the zeros
@@ -183,6 +315,7 @@ void TrainerParamStore::begin_step(ZeroGrad zero_grad, Ops& ops) {
 void TrainerParamStore::release_grads() {
   for (auto& s : slots_) {
     s.grad.reset();
+    s.grad_part.reset();
     s.grad_written = false;
   }
 }
@@ -190,12 +323,16 @@ void TrainerParamStore::release_grads() {
 std::vector<Tensor*> TrainerParamStore::grads() {
   std::vector<Tensor*> out;
   for (auto& s : slots_)
-    if (s.grad.defined()) out.push_back(&s.grad);
+    if (s.grad_part.defined())
+      out.push_back(&s.grad_part);
+    else if (s.grad.defined())
+      out.push_back(&s.grad);
   return out;
 }
 
 bool TrainerParamStore::has_grad(int index) const {
-  return slots_.at(static_cast<std::size_t>(index)).grad.defined();
+  const Slot& s = slots_.at(static_cast<std::size_t>(index));
+  return s.grad.defined() || s.grad_part.defined();
 }
 
 Tensor& TrainerParamStore::device_grad(int index) {
@@ -211,7 +348,21 @@ Tensor& TrainerParamStore::update_target(int index) {
     throw std::logic_error(fmt::format("'{}' is a buffer, not updated", spec(index).name));
   if (s.master.defined()) return s.master;
   if (s.host_weight.defined()) return s.host_weight;
+  if (place_.sharding == Sharding::zero3) return s.shard;
+  if (sharded()) {
+    s.target_view = Tensor::view(s.weight, s.offset, s.part);
+    return s.target_view;
+  }
   return s.weight;
+}
+
+Tensor& TrainerParamStore::update_grad(int index) {
+  Slot& s = slot(index);
+  if (s.grad_part.defined()) return s.grad_part;
+  Tensor& g = device_grad(index);
+  if (!sharded()) return g;
+  s.grad_view = Tensor::view(g, s.offset, s.part);
+  return s.grad_view;
 }
 
 Tensor& TrainerParamStore::fetch_grad(int index) {
@@ -226,6 +377,19 @@ Tensor& TrainerParamStore::fetch_grad(int index) {
 
 void TrainerParamStore::publish(int index, Ops& device_ops, Ops* host_ops) {
   Slot& s = slot(index);
+  if (sharded()) {
+    // The rank's part is new: cast from the master into the weight's part, then (zero1/2)
+    // gather every rank's part into the replicated weight.
+    Tensor* weight_part = &s.shard;
+    if (place_.sharding != Sharding::zero3) {
+      s.target_view = Tensor::view(s.weight, s.offset, s.part);
+      weight_part = &s.target_view;
+    }
+    if (s.master.defined() && s.part > 0) device_ops.cast(*weight_part, s.master);
+    if (place_.sharding != Sharding::zero3 && comm_.moves_data())
+      comm_.all_gather_in_place(s.weight, even_parts(s.weight.numel(), layout_.ranks));
+    return;
+  }
   if (!place_.host_update()) {
     if (s.master.defined()) device_ops.cast(s.weight, s.master);  // fp32 master -> 16-bit
     return;
@@ -262,8 +426,25 @@ std::vector<float> TrainerParamStore::read_f32(const Tensor& t) {
   return out;
 }
 
+std::vector<float> TrainerParamStore::gather_f32(int index, Tensor& part) {
+  Tensor full = dev_.empty(spec(index).shape, part.dtype(), Category::temporaries);
+  comm_.all_gather(part, full, even_parts(full.numel(), layout_.ranks));
+  return read_f32(full);
+}
+
+std::vector<float> TrainerParamStore::grad_f32(int index) {
+  Slot& s = slot(index);
+  if (s.grad_part.defined()) return gather_f32(index, s.grad_part);
+  if (!s.grad.defined()) return {};
+  return read_f32(s.grad);
+}
+
 std::vector<float> TrainerParamStore::param_f32(int index) {
   Slot& s = slot(index);
+  if (sharded() && spec(index).trainable) {
+    if (s.master.defined()) return gather_f32(index, s.master);
+    if (place_.sharding == Sharding::zero3) return gather_f32(index, s.shard);
+  }
   if (s.master.defined()) return read_f32(s.master);
   if (s.host_weight.defined()) return read_f32(s.host_weight);
   return read_f32(weight(index));

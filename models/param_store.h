@@ -23,13 +23,28 @@
 // update they are copied into pinned buffers (category grads, on the pinned allocator) first.
 // Buffers (trainable = false, e.g. batch-norm running stats) are F32 on the device, never
 // streamed (forward mutates them), and have no gradient.
+//
+// Data parallelism over N ranks (models/data_parallel.h has the rules): each trainable
+// parameter of n elements is split into N parts of ceil(n / N) (DeepSpeed ZeRO's per-parameter
+// partitioning); this rank owns part `rank`. By sharding stage:
+//   none   everything replicated; DDP's buckets (category grads) hold a second copy of the grads
+//          while they are all-reduced (reduce_grads, after the last micro-batch's backward).
+//   zero1  the fp32 master (O2) is the rank's part only; the optimizer updates the part (a view
+//          of the weight without a master) and the weights are all-gathered after the update.
+//   zero2  + a block's grads are reduce-scattered into the rank's part (category grads) as soon
+//          as the last micro-batch's backward of that block is done, and the full grads freed.
+//   zero3  + the weights themselves are the rank's part; the full weight of a block exists
+//          between enter_block and exit_block (all-gathered there, as FSDP FULL_SHARD), that of
+//          the parameters outside the blocks between gather_root and release_root.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "kernels/comm.h"
 #include "kernels/device.h"
 #include "models/config.h"
+#include "models/data_parallel.h"
 #include "models/model.h"
 
 namespace memtrade {
@@ -38,6 +53,7 @@ struct ParamPlacement {
   DType compute = DType::F32;  // weights and grads on the device
   bool master = false;         // an fp32 master copy exists (mixed precision)
   Offload offload = Offload::none;
+  Sharding sharding = Sharding::none;  // over comm.size() ranks; none where there is one
 
   static ParamPlacement from(const TrainConfig& cfg);
   // The optimizer runs on the host (ZeRO-Offload style) for offload=optimizer and =params.
@@ -49,8 +65,10 @@ class TrainerParamStore final : public ParamStore {
  public:
   // Allocates and initialises every copy (per spec.init_std, from `seed`); no gradients yet.
   // On a device that does not hold data (Device::holds_data) it allocates only.
+  // `comm`: the data-parallel group (one rank: no parallelism); it must outlive the store.
   TrainerParamStore(Device& dev, const std::vector<ParamSpec>& specs,
-                    const ParamPlacement& placement, std::uint64_t seed);
+                    const ParamPlacement& placement, std::uint64_t seed,
+                    Comm& comm = self_comm());
 
   // ---- ParamStore ------------------------------------------------------------------------------
   // Throws std::logic_error for a streamed weight used outside enter_block/exit_block.
@@ -58,13 +76,34 @@ class TrainerParamStore final : public ParamStore {
   GradRef grad(int index) override;      // allocates on first use; throws for a buffer
   void enter_block(int block) override;  // nests: only the outermost enter/exit moves bytes
   void exit_block(int block) override;
+  void block_grads_done(int block) override;  // zero2/3: reduce-scatter when syncing
+
+  // ---- data parallelism (no-ops on one rank) ---------------------------------------------------
+  // zero3: all-gather the weights outside the blocks (embeddings, final norm, head) around a
+  // forward and a backward, as FSDP's root unit; release frees them again.
+  void gather_root();
+  void release_root();
+  // Whether this micro-batch's backward reduces the grads (the last of the step: DDP/FSDP's
+  // no_sync on the others).
+  void set_sync(bool sync) { sync_ = sync; }
+  // After the last backward: the reduction of every grad not reduced yet (DDP's buckets; zero1's
+  // all-reduce; zero2/3: the parameters outside the blocks).
+  void reduce_grads(Ops& ops);
+  // DDP's broadcast_buffers: rank 0's buffers (batch-norm running stats) before a forward.
+  void broadcast_buffers();
+  const DataParallelLayout& layout() const { return layout_; }
+  // Under sharding: the first element of this rank's part of parameter `index`.
+  std::int64_t part_offset(int index) const {
+    return slots_.at(static_cast<std::size_t>(index)).offset;
+  }
 
   // ---- zero_grad -------------------------------------------------------------------------------
   // Before a step's first backward. set_to_none: grads are gone, the first write assigns.
   // zero: grads that exist are fill(0)ed with `ops` and every write accumulates.
   void begin_step(ZeroGrad zero_grad, Ops& ops);
   void release_grads();          // set_to_none after the optimizer step
-  std::vector<Tensor*> grads();  // the device grads that exist, for the inf/nan check
+  // The grads the update reads that exist (the rank's parts under zero2/3), for the inf/nan check.
+  std::vector<Tensor*> grads();
   bool has_grad(int index) const;
   Tensor& device_grad(int index);
 
@@ -72,7 +111,10 @@ class TrainerParamStore final : public ParamStore {
   // ---------------------------------------------------------------------- The tensor the optimizer
   // updates: the master (device or host) if there is one, else the host weight (offload=params) or
   // the device weight.
+  // Under zero1-3, the rank's part of the parameter (empty where the rank owns none of it).
   Tensor& update_target(int index);
+  // The gradient the update reads: the device grad, or the rank's part of it (zero1-3).
+  Tensor& update_grad(int index);
   // Host update: copy the device grad into its pinned buffer (queued on the compute stream;
   // synchronise before reading) and return that buffer.
   Tensor& fetch_grad(int index);
@@ -87,7 +129,12 @@ class TrainerParamStore final : public ParamStore {
   int size() const { return static_cast<int>(slots_.size()); }
   const ParamSpec& spec(int index) const { return specs_.at(static_cast<std::size_t>(index)); }
   const ParamPlacement& placement() const { return place_; }
-  std::vector<float> param_f32(int index);  // master if any, else the (host or device) weight
+  // Master if any, else the (host or device) weight; under sharding gathered from every rank
+  // (a collective: every rank calls it).
+  std::vector<float> param_f32(int index);
+  // The reduced gradient, whole (gathered from the ranks' parts under zero2/3: a collective);
+  // empty if there is none.
+  std::vector<float> grad_f32(int index);
   // fp32 values of a device or pinned-host tensor; std::logic_error on a device without data.
   std::vector<float> read_f32(const Tensor& t);
   bool on_host(const Tensor& t) const { return t.allocator() == &dev_.pinned(); }
@@ -100,10 +147,22 @@ class TrainerParamStore final : public ParamStore {
     Tensor grad;                // device, compute dtype
     Tensor host_grad;           // pinned copy of grad (host update)
     bool grad_written = false;  // a write this step: later writes accumulate
+    // Data parallelism: this rank's part (zero3: the weight's; zero1-3 under O2: the master is
+    // that size), the reduced grad's part (zero2/3), and views into the full tensors.
+    Tensor shard;
+    Tensor grad_part;
+    Tensor target_view, grad_view;
+    std::int64_t part = 0, offset = 0;  // this rank's part: elements and first element
   };
   Slot& slot(int index);
   bool streamed(int index) const;
+  bool gathered(int index) const;  // zero3: a block weight, gathered per enter_block
+  bool sharded() const { return layout_.ranks > 1 && place_.sharding != Sharding::none; }
   void upload_weight(int index);  // host_weight -> device weight (compute stream)
+  void gather_weight(int index);  // zero3: allocate the full weight and all-gather the parts
+  void reduce_scatter_grad(int index, Ops& ops);
+  void make_buckets();
+  std::vector<float> gather_f32(int index, Tensor& part);  // every rank's part, whole, as fp32
 
   Device& dev_;
   const std::vector<ParamSpec>& specs_;
@@ -112,6 +171,10 @@ class TrainerParamStore final : public ParamStore {
   std::vector<std::vector<int>> block_params_;  // streamed parameter indices per block
   std::vector<int> block_depth_;                // enter_block nesting per block
   std::vector<Tensor> staging_;                 // pinned casts in flight until finish_publish
+  Comm& comm_;
+  DataParallelLayout layout_;
+  std::vector<Tensor> buckets_;  // DDP's gradient buckets (sharding none, several ranks)
+  bool sync_ = true;
 };
 
 }  // namespace memtrade

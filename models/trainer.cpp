@@ -39,7 +39,8 @@ Trainer::Trainer(Device& dev, Model& model, const TrainConfig& cfg)
       cfg_(validated(cfg)),
       run_(RunOptions::from(cfg)),
       hyper_(default_hyper(cfg.optimizer, model.family(), cfg.lr)),
-      store_(dev, model.params(), ParamPlacement::from(cfg), cfg.seed),
+      comm_(make_comm(dev, static_cast<int>(cfg_.data_parallel))),
+      store_(dev, model.params(), ParamPlacement::from(cfg), cfg.seed, *comm_),
       scaler_(uses_loss_scaling(cfg.precision), cfg.loss_scale_init,
               cfg.loss_scale_growth_interval) {
   if (store_.placement().host_update() && cfg_.mode == Mode::train)
@@ -116,7 +117,8 @@ StepResult Trainer::step() {
   const bool train = cfg_.mode == Mode::train;
   const std::int64_t B = cfg_.batch_size;
   const std::int64_t k = cfg_.accumulation;
-  const std::int64_t rows = model_.rows_per_sample() * B * k;
+  const std::int64_t rows = model_.rows_per_sample() * B * k * cfg_.data_parallel;  // global
+  const bool several = comm_->size() > 1;
   const float scale = scaler_.scale();
   last_scale_ = scale;
   last_inputs_.clear();
@@ -134,10 +136,13 @@ StepResult Trainer::step() {
   Tensor loss_rows;  // (B · rows_per_sample) F32: per-row losses summed over micro-batches
   const float dloss = scale / static_cast<float>(rows);
   for (std::int64_t m = 0; m < k; ++m) {
-    MicroBatch mb = stage((steps_ * k + m) * B);
+    MicroBatch mb = stage(first_sample(cfg_, steps_, comm_->rank(), m));
     {
       Phase phase(dev_, "forward");
+      if (several && store_.placement().sharding == Sharding::none) store_.broadcast_buffers();
+      store_.gather_root();
       Tensor losses = model_.forward(dev_, store_, mb.input, mb.targets, run_);
+      store_.release_root();
       if (!loss_rows.defined())
         loss_rows = std::move(losses);
       else
@@ -145,7 +150,12 @@ StepResult Trainer::step() {
     }
     if (train) {
       Phase phase(dev_, "backward");
+      const bool last = m + 1 == k;
+      store_.set_sync(last);
+      store_.gather_root();
       model_.backward(dev_, store_, dloss);
+      store_.release_root();
+      if (last) store_.reduce_grads(ops);
     }
   }
   double loss_sum = 0;
@@ -153,6 +163,7 @@ StepResult Trainer::step() {
     Phase phase(dev_, train ? "backward" : "forward");
     loss_sum = ops.sum_to_host(loss_rows);  // the step's one read-back (synchronises)
     loss_rows.reset();
+    if (several) loss_sum = comm_->all_reduce_sum(loss_sum);
   }
   host_staging_.clear();  // every input copy completed before the loss was read
 
@@ -175,13 +186,15 @@ void Trainer::optimizer_phase(bool& skipped) {
   bool found_inf = false;
   if (scaler_.enabled() && !grads.empty())
     found_inf = ops.unscale_and_check(grads, 1.0f);  // check only: ×1 leaves the grads as they are
+  if (scaler_.enabled() && comm_->size() > 1)  // each rank saw its part: all skip, or none
+    found_inf = comm_->all_reduce_max(found_inf ? 1.0 : 0.0) > 0.0;
 
   if (capture_grads_) {
     captured_grads_.assign(static_cast<std::size_t>(store_.size()), {});
     for (int i = 0; i < store_.size(); ++i) {
       if (!store_.spec(i).trainable || !store_.has_grad(i)) continue;
       auto& v = captured_grads_[static_cast<std::size_t>(i)];
-      v = store_.read_f32(store_.device_grad(i));
+      v = store_.grad_f32(i);
       if (inv_scale != 1.0f)
         for (float& x : v) x *= inv_scale;
     }
@@ -205,10 +218,15 @@ void Trainer::optimizer_phase(bool& skipped) {
       // Every parameter in one fused update (the unscale folded in), then the 16-bit copies.
       std::vector<Optimizer::Item> items;
       for (int i = 0; i < store_.size(); ++i)
-        if (store_.spec(i).trainable && store_.has_grad(i))
-          items.push_back({i, &store_.update_target(i), &store_.device_grad(i)});
+        if (store_.spec(i).trainable && store_.has_grad(i)) {
+          Tensor& target = store_.update_target(i);
+          // A rank that owns none of a small parameter (more ranks than elements) skips it.
+          if (target.numel() > 0) items.push_back({i, &target, &store_.update_grad(i)});
+        }
       optimizer_->update_many(ops, items, inv_scale);
-      for (const Optimizer::Item& it : items) store_.publish(it.index, ops, nullptr);
+      // Every rank publishes every parameter (zero1/2 all-gather each one, owned or not).
+      for (int i = 0; i < store_.size(); ++i)
+        if (store_.spec(i).trainable && store_.has_grad(i)) store_.publish(i, ops, nullptr);
     }
     store_.finish_publish();
     optimizer_->finish_step();
@@ -226,14 +244,18 @@ void Trainer::set_param_f32(int i, const std::vector<float>& values) {
   if (i < 0 || i >= store_.size())
     throw std::out_of_range(fmt::format("parameter index {} out of range", i));
   Tensor& target = store_.update_target(i);
-  if (static_cast<std::int64_t>(values.size()) != target.numel())
+  const std::int64_t numel = shape_numel(store_.spec(i).shape);
+  if (static_cast<std::int64_t>(values.size()) != numel)
     throw std::invalid_argument(fmt::format("{}: {} values for {} elements", store_.spec(i).name,
-                                            values.size(), target.numel()));
+                                            values.size(), numel));
+  // Under sharding the target is this rank's part.
+  const std::int64_t off = target.numel() == numel ? 0 : store_.part_offset(i);
+  const std::vector<float> mine(values.begin() + off, values.begin() + off + target.numel());
   if (target.dtype() != DType::F32)
     throw std::invalid_argument(fmt::format(
         "{}: the weights are 16-bit without an fp32 master ({}): not set from fp32 values",
         store_.spec(i).name, precision_name(cfg_.precision)));
-  dev_.copy(target.data(), values.data(), target.nbytes(),
+  dev_.copy(target.data(), mine.data(), target.nbytes(),
             store_.on_host(target) ? CopyKind::host_to_host : CopyKind::host_to_device);
   dev_.synchronize(StreamKind::compute);
   store_.publish(i, dev_.ops(), host_ops_.get());
@@ -247,7 +269,7 @@ std::vector<float> Trainer::grad_f32(int i) {
   if (static_cast<std::size_t>(i) < captured_grads_.size())
     return captured_grads_[static_cast<std::size_t>(i)];
   if (!store_.has_grad(i)) return {};
-  std::vector<float> v = store_.read_f32(store_.device_grad(i));
+  std::vector<float> v = store_.grad_f32(i);
   if (last_scale_ != 1.0f)
     for (float& x : v) x /= last_scale_;
   return v;

@@ -25,12 +25,22 @@
 // the device and summed to one host number at the end.
 // Eval mode runs only the forward passes (nothing saved) and returns the mean loss.
 // tf32 runs exactly as fp32 here: Ops has no TF32 switch; the CUDA backend's GEMMs decide.
+//
+// Data parallelism (data_parallel > 1; models/data_parallel.h): this process is one rank of
+// the group Comm makes (MPI, NCCL, or the meta device's). Rank r trains on its contiguous share
+// of the step's samples; backward scales by the global row count. The grads are reduced during
+// the last micro-batch's backward only (DDP/FSDP's no_sync on the others): zero2/3 reduce-scatter
+// each block's grads once its backward is done, and everything left after the backward (DDP's
+// buckets, zero1's all-reduce, the parameters outside the blocks). zero3 gathers the weights
+// outside the blocks around each forward and backward. The loss and the overflow flag are
+// all-reduced, so every rank returns the same StepResult.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "kernels/comm.h"
 #include "kernels/device.h"
 #include "models/config.h"
 #include "models/loss_scaler.h"
@@ -67,7 +77,8 @@ class Trainer {
   void set_param_f32(int i, const std::vector<float>& values);
   // Unscaled gradient of the mean loss over the effective batch: the copy captured during the
   // last step when set_capture_grads(true), else the resident grad (zero_grad=zero) divided by
-  // the last step's scale; empty if there is none.
+  // the last step's scale; empty if there is none. Under data parallelism the reduced grad,
+  // whole, and param_f32/grad_f32 are collectives (every rank calls them).
   std::vector<float> grad_f32(int i);
   void set_capture_grads(bool on) { capture_grads_ = on; }
   // The last step's whole effective batch (B·k samples; GPT token ids as floats); empty on a
@@ -85,6 +96,7 @@ class Trainer {
   const TrainConfig& config() const { return cfg_; }
   Optimizer* optimizer() { return optimizer_.get(); }  // null before the first train step
   TrainerParamStore& store() { return store_; }
+  Comm& comm() { return *comm_; }  // the data-parallel group (one rank without parallelism)
 
  private:
   struct MicroBatch;
@@ -96,6 +108,7 @@ class Trainer {
   TrainConfig cfg_;
   RunOptions run_;
   OptimizerHyper hyper_;
+  std::unique_ptr<Comm> comm_;  // before store_, which keeps a reference
   TrainerParamStore store_;
   LossScaler scaler_;
   std::unique_ptr<Ops> host_ops_;         // the device's ops on pinned memory (offload)

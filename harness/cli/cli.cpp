@@ -14,6 +14,9 @@
 #include "harness/cli/command.h"
 #include "harness/cli/gate_commands.h"
 #include "harness/cli/knob_flags.h"
+#include "harness/common/launch.h"
+#include "harness/common/process.h"
+#include "kernels/comm.h"
 #include "harness/run/point_runner.h"
 #include "harness/run/step_dump.h"
 #include "kernels/device.h"
@@ -22,6 +25,28 @@
 
 namespace memtrade {
 namespace {
+
+std::vector<std::string> g_args;  // this invocation's arguments, after the program name
+
+// A data-parallel step started by hand: the same command again, as `ranks` ranks under the
+// site's MPI launcher (harness/common/launch.h); its exit code is the ranks' (mpirun's: the
+// first failing rank's).
+int run_as_ranks(int ranks, int threads) {
+  std::vector<std::string> args{self_executable().string()};
+  args.insert(args.end(), g_args.begin(), g_args.end());
+  const std::vector<std::string> argv = rank_launch_argv(ranks, args);
+  SpawnOptions so;
+  so.env = rank_env(ranks, threads);
+  so.search_path = true;
+  const ChildOutcome o = spawn(argv, so);
+  if (o.kind == ChildOutcome::Kind::exited && o.exit_code == 127)
+    throw BadInput(fmt::format("--dp {}: the launcher '{}' could not be started (Open MPI's mpirun "
+                               "comes with openmpi-bin: ci/setup.sh; or set MEMTRADE_LAUNCHER)",
+                               ranks, argv[0]));
+  if (o.kind == ChildOutcome::Kind::exited) return o.exit_code;
+  fmt::print(stderr, "memtrade: the ranks' launcher died: {}\n", describe_signal(o.signal));
+  return 1;
+}
 
 std::string version_text() {
   std::string out;
@@ -73,12 +98,14 @@ void register_point_commands(CLI::App& app, Commands& cmds) {
                    "With --dump: start from these parameters (DIR/<name>.npy, every one)");
   cmds.add(step, [&step_flags, &dump_dir, &init_dir] {
     TrainConfig cfg = to_train_config(step_flags);
+    if (!init_dir.empty() && dump_dir.empty()) throw BadInput("--init goes with --dump");
+    if (cfg.data_parallel > 1 && !launched_by_mpi())
+      return run_as_ranks(static_cast<int>(cfg.data_parallel), step_flags.threads);
     auto dev = device_for(step_flags, cfg);
     auto model = make_model(cfg);
-    if (!init_dir.empty() && dump_dir.empty()) throw BadInput("--init goes with --dump");
     if (!dump_dir.empty()) {
-      write_step_dump(*dev, *model, cfg, dump_dir, init_dir);
-      fmt::print("wrote step dump of {} to {}\n", cfg.model, dump_dir);
+      if (write_step_dump(*dev, *model, cfg, dump_dir, init_dir))
+        fmt::print("wrote step dump of {} to {}\n", cfg.model, dump_dir);
       return 0;
     }
     PointRunOptions one;
@@ -91,6 +118,7 @@ void register_point_commands(CLI::App& app, Commands& cmds) {
 int cli_main(int argc, char** argv) {
   CLI::App app{"memtrade: memory/throughput trade-offs of deep-learning training"};
   app.name("memtrade");
+  g_args.assign(argv + 1, argv + argc);
   app.require_subcommand(0, 1);
   bool show_version = false;
   app.add_flag("--version", show_version, "Print versions of memtrade and its libraries");

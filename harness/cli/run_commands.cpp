@@ -18,6 +18,7 @@
 #include "harness/run/fit.h"
 #include "harness/run/grid.h"
 #include "harness/run/grid_runner.h"
+#include "kernels/comm.h"
 #include "harness/run/merge.h"
 #include "harness/run/point_child.h"
 #include "harness/run/results.h"
@@ -223,7 +224,22 @@ int cmd_point(const std::string& job_path, const std::string& result_path) {
   std::ifstream in(job_path);
   if (!in) throw BadInput("__point: cannot read " + job_path);
   PointJob job = job_from_json(nlohmann::json::parse(in));
-  write_json_atomic(result_path, run_point_row(job).to_json());
+  PointRow row = run_point_row(job);
+  if (job.point.config.data_parallel == 1 || !launched_by_mpi()) {
+    write_json_atomic(result_path, row.to_json());
+    return 0;
+  }
+  // One rank of several: rank 0 writes the row (with every rank's memory). A rank that failed
+  // writes its own row, naming itself, and ends the job: the others wait for it in a
+  // collective and would hang until the point's timeout.
+  const int rank = launched_rank();
+  if (row.status != "ok") {
+    row.error = fmt::format("rank {}: {}", rank, row.error.value_or(row.status));
+    write_json_atomic(result_path, row.to_json());
+    std::fflush(nullptr);
+    abort_ranks(1);
+  }
+  if (rank == 0) write_json_atomic(result_path, row.to_json());
   return 0;
 }
 

@@ -116,6 +116,16 @@ json PointRow::to_json() const {
                     m.predicted_breakdown ? breakdown_json(*m.predicted_breakdown) : json(nullptr)},
                    {"device_peak", opt(m.device_peak)},
                    {"host_pinned_peak", m.host_pinned_peak}};
+    if (!m.per_rank.empty()) {
+      json ranks = json::array();
+      for (const RankMemory& rm : m.per_rank)
+        ranks.push_back({{"rank", rm.rank},
+                         {"peak_allocated", rm.peak_allocated},
+                         {"peak_reserved", rm.peak_reserved},
+                         {"breakdown_at_peak", breakdown_json(rm.breakdown_at_peak)},
+                         {"predicted_peak", opt(rm.predicted_peak)}});
+      j["memory"]["per_rank"] = std::move(ranks);
+    }
   } else {
     j["memory"] = nullptr;
   }
@@ -175,6 +185,20 @@ PointRow PointRow::from_json(const json& j) {
     m.take("predicted_breakdown");
     mem.device_peak = m.opt_bytes("device_peak");
     mem.host_pinned_peak = m.has("host_pinned_peak") ? m.bytes("host_pinned_peak") : 0;
+    json ranks = m.take("per_rank");
+    if (!ranks.is_null()) {
+      if (!ranks.is_array()) m.fail("'per_rank' must be an array of ranks");
+      for (std::size_t i = 0; i < ranks.size(); ++i) {
+        Fields rf(ranks[i], fmt::format("point {}.memory.per_rank[{}]", label, i));
+        RankMemory rm;
+        rm.rank = static_cast<int>(rf.bytes("rank"));
+        rm.peak_allocated = rf.bytes("peak_allocated");
+        rm.peak_reserved = rf.bytes("peak_reserved");
+        rm.breakdown_at_peak = rf.breakdown("breakdown_at_peak");
+        rm.predicted_peak = rf.opt_bytes("predicted_peak");
+        mem.per_rank.push_back(std::move(rm));
+      }
+    }
     r.memory = mem;
   } else {
     f.take("memory");

@@ -23,7 +23,17 @@ inline constexpr const char* kResultsSchema = "memtrade.results/1";
 
 using ByteBreakdown = std::map<std::string, std::int64_t>;  // category -> bytes
 
+// One data-parallel rank's memory (results' memory.per_rank).
+struct RankMemory {
+  int rank = 0;
+  std::int64_t peak_allocated = 0;
+  std::int64_t peak_reserved = 0;
+  ByteBreakdown breakdown_at_peak;
+  std::optional<std::int64_t> predicted_peak;  // the memory model's for this rank
+};
+
 struct MemoryFigures {
+  // With several ranks: the maximum over them (breakdown_at_peak: that rank's), each in per_rank.
   std::int64_t peak_allocated = 0;
   std::int64_t peak_requested = 0;
   std::int64_t peak_reserved = 0;
@@ -32,6 +42,7 @@ struct MemoryFigures {
   std::optional<ByteBreakdown> predicted_breakdown;
   std::optional<std::int64_t> device_peak;  // driver-level bytes (CUDA)
   std::int64_t host_pinned_peak = 0;
+  std::vector<RankMemory> per_rank;  // data parallelism: every rank, in rank order
 };
 
 struct TimeFigures {

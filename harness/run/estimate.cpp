@@ -48,8 +48,9 @@ class MetaEvent final : public Event {
 // memory in proportion to the parameter count or the batch.
 class MetaDevice final : public Device {
  public:
-  MetaDevice(Backend backend, std::size_t capacity)
-      : backend_(backend),
+  MetaDevice(Backend backend, std::size_t capacity, int rank)
+      : rank_(rank),
+        backend_(backend),
         memory_(std::make_unique<MetaProvider>(kMetaDeviceBase), capacity),
         pinned_(std::make_unique<MetaProvider>(kMetaPinnedBase)),
         ops_(make_dry_run_ops(backend)) {}
@@ -61,6 +62,7 @@ class MetaDevice final : public Device {
   CachingAllocator& pinned() override { return pinned_; }
   Ops& ops() override { return *ops_; }
   bool holds_data() const override { return false; }
+  int meta_rank() const override { return rank_; }
   std::unique_ptr<Ops> make_host_ops() const override { return make_dry_run_ops(Backend::cpu); }
   void copy(void*, const void*, std::size_t bytes, CopyKind kind, StreamKind) override {
     count_transfer(kind, bytes);
@@ -78,6 +80,7 @@ class MetaDevice final : public Device {
   std::int64_t copied_inputs = 0, copied_passes = 0, copied_optimizer = 0;  // by phase
 
  private:
+  int rank_;
   Backend backend_;
   CachingAllocator memory_;
   CachingAllocator pinned_;
@@ -87,10 +90,10 @@ class MetaDevice final : public Device {
 }  // namespace
 
 MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::size_t capacity,
-                               int warmup) {
+                               int warmup, int rank) {
   auto start = std::chrono::steady_clock::now();
   MemoryEstimate e;
-  MetaDevice dev(backend, capacity);
+  MetaDevice dev(backend, capacity, rank);
   auto model = make_model(cfg);
   try {
     Trainer trainer(dev, *model, cfg);
@@ -99,6 +102,7 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
     dev.pinned().reset_peak();
     dev.copied_inputs = dev.copied_passes = dev.copied_optimizer = 0;
     trainer.step();
+    e.resident_after_step = dev.memory().stats().by_category;
   } catch (const OutOfMemory& oom) {
     e.fits = false;
     e.oom_message = oom.what();
@@ -141,6 +145,7 @@ nlohmann::json estimate_json(const MemoryEstimate& e) {
           {"peak_reserved", e.peak_reserved},
           {"host_pinned_peak", e.host_pinned_peak},
           {"breakdown_at_peak", b},
+          {"resident_after_step", breakdown_json(e.resident_after_step)},
           {"fits", e.fits},
           {"oom", e.fits ? nlohmann::json(nullptr) : nlohmann::json(e.oom_message)},
           {"seconds", e.seconds}};

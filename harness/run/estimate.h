@@ -28,6 +28,10 @@ struct MemoryEstimate {
   std::int64_t peak_reserved = 0;
   std::int64_t host_pinned_peak = 0;
   std::array<std::int64_t, kNumCategories> breakdown_at_peak{};
+  // What stays allocated after the measured step, by category: the resident model states (and
+  // DDP's buckets), without what a step holds only in flight (activations, gathered weights,
+  // grads before their reduction). Data parallelism's formulas count this.
+  std::array<std::int64_t, kNumCategories> resident_after_step{};
   // Host<->device bytes the measured step copies, both directions, by the Trainer's phase: the
   // input batches ("io"), the passes (offloaded activations, streamed weights) and the optimizer
   // phase (offloaded optimizer: grads out, weights back). advise's cost model prices them.
@@ -39,8 +43,11 @@ struct MemoryEstimate {
 
 // `warmup` steps run before the peak is reset, as the harness does; 1 is enough to reach the
 // steady state (optimizer state exists from the first step on).
+// Data parallelism: the memory of rank `rank` of cfg.data_parallel, its collectives on the meta
+// backend (kernels/comm.h) with every buffer they need. Rank 0 is the most loaded: each
+// parameter's first part is its largest (ceil(n / N)), so it is what an estimate reports.
 MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::size_t capacity,
-                               int warmup = 1);
+                               int warmup = 1, int rank = 0);
 // What `memtrade fit` searches: the largest batch size in [1, limit] whose estimate fits
 // `capacity` (0 when batch 1 does not), by doubling and then bisection, about 2·log2(batch)
 // estimates; cfg.batch_size is ignored.

@@ -1,4 +1,5 @@
 #include "harness/run/grid_runner.h"
+#include "harness/common/launch.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -250,9 +251,16 @@ int run_grid(const Grid& grid, const GridRunOptions& o) {
     so.stdout_mode = SpawnOptions::Stdout::discard;
     so.stderr_file = work / "stderr.txt";
     so.isolate = true;
-    ChildOutcome outcome = spawn({self_executable().string(), "__point", "--job", job_file.string(),
-                                  "--result", result_file.string()},
-                                 so);
+    std::vector<std::string> argv{self_executable().string(), "__point", "--job",
+                                  job_file.string(), "--result", result_file.string()};
+    // A data-parallel point: its ranks, under the site's MPI launcher (harness/common/launch.h).
+    const int ranks = static_cast<int>(p->config.data_parallel);
+    if (ranks > 1) {
+      argv = rank_launch_argv(ranks, argv);
+      so.env = rank_env(ranks, o.threads);
+      so.search_path = true;
+    }
+    ChildOutcome outcome = spawn(argv, so);
     // SIGTERM/SIGINT reach the whole process group (Ctrl-C, scancel, a requeue): the child may
     // die of it before our own handler runs. That is an interruption, not a crashed point, so
     // nothing is recorded and --resume reruns it.
@@ -263,7 +271,8 @@ int run_grid(const Grid& grid, const GridRunOptions& o) {
       break;
     }
     PointRow row;
-    if (outcome.kind == ChildOutcome::Kind::exited && outcome.exit_code == 0 &&
+    // A failed rank writes its row before it ends the job (mpirun then exits non-zero).
+    if (outcome.kind == ChildOutcome::Kind::exited && (outcome.exit_code == 0 || ranks > 1) &&
         std::filesystem::exists(result_file)) {
       try {
         row = PointRow::from_json(read_json_file(result_file));

@@ -1,4 +1,5 @@
 #include "harness/run/point_child.h"
+#include "kernels/comm.h"
 
 #include <unistd.h>
 #include <cmath>
@@ -148,7 +149,9 @@ PointRow run_point_row(const PointJob& job) {
 
   std::optional<MemoryEstimate> predicted;
   try {
-    predicted = estimate_memory(cfg, dev->backend(), job.capacity);
+    // One rank of several predicts itself (ranks differ where parameters split unevenly).
+    predicted = estimate_memory(cfg, dev->backend(), job.capacity, 1,
+                                cfg.data_parallel > 1 ? launched_rank() : 0);
   } catch (const std::exception&) {
     // The prediction is a cross-check; a failure to predict must not lose the measurement.
   }
@@ -166,6 +169,7 @@ PointRow run_point_row(const PointJob& job) {
   ro.warmup = job.warmup;
   ro.steps = job.steps;
   ro.trace_last_step = !job.trace_path.empty();
+  if (predicted) ro.predicted_peak = predicted->peak_allocated;
   try {
     if (fault_requested(job.point.id, "bad_alloc")) throw std::bad_alloc();
     PointMeasurement m = run_point(*dev, *model, cfg, ro);

@@ -78,6 +78,24 @@ PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
   m.memory = dev.memory().stats();
   m.pinned = dev.pinned().stats();
   m.transfers = dev.transfers();
+  Comm& comm = trainer.comm();
+  m.rank = comm.rank();
+  if (comm.size() > 1 && comm.moves_data()) {
+    // A step takes as long as its slowest rank (each ends with the same collectives).
+    for (double& s : m.samples_s) s = comm.all_reduce_max(s);
+    std::vector<std::int64_t> mine{m.memory.allocated.peak, m.memory.reserved.peak,
+                                   options.predicted_peak.value_or(-1)};
+    mine.insert(mine.end(), m.memory.by_category_at_peak.begin(),
+                m.memory.by_category_at_peak.end());
+    const std::vector<std::int64_t> all = comm.all_gather_host(mine);
+    for (int r = 0; r < comm.size(); ++r) {
+      const std::int64_t* v = all.data() + static_cast<std::size_t>(r) * mine.size();
+      std::array<std::int64_t, kNumCategories> cats{};
+      std::copy(v + 3, v + 3 + kNumCategories, cats.begin());
+      m.per_rank.push_back(RankMemory{r, v[0], v[1], breakdown_of(cats),
+                                      v[2] >= 0 ? std::optional<std::int64_t>(v[2]) : std::nullopt});
+    }
+  }
   m.median_s = quantile(m.samples_s, 0.5);
   m.p10_s = quantile(m.samples_s, 0.1);
   m.p90_s = quantile(m.samples_s, 0.9);
@@ -98,6 +116,15 @@ void fill_measurement(PointRow& row, const PointMeasurement& m) {
   mem.peak_requested = m.memory.requested.peak;
   mem.peak_reserved = m.memory.reserved.peak;
   mem.breakdown_at_peak = breakdown_of(m.memory.by_category_at_peak);
+  mem.per_rank = m.per_rank;
+  for (const RankMemory& r : m.per_rank) {  // the most loaded rank's figures
+    if (r.peak_allocated > mem.peak_allocated ||
+        (r.rank == 0 && r.peak_allocated == mem.peak_allocated)) {
+      mem.peak_allocated = r.peak_allocated;
+      mem.breakdown_at_peak = r.breakdown_at_peak;
+    }
+    mem.peak_reserved = std::max(mem.peak_reserved, r.peak_reserved);
+  }
   mem.device_peak = m.device_peak;
   mem.host_pinned_peak = m.pinned.allocated.peak;
   row.memory = mem;
@@ -119,7 +146,11 @@ void fill_measurement(PointRow& row, const PointMeasurement& m) {
 int run_point_and_print(Device& dev, Model& model, const TrainConfig& cfg,
                         const PointRunOptions& options) {
   PointMeasurement m = run_point(dev, model, cfg, options);
+  if (m.rank != 0) return std::isfinite(m.loss_last) ? 0 : 1;  // rank 0 speaks for the ranks
   fmt::print("{} on {}\n", model.name(), dev.name());
+  if (!m.per_rank.empty())
+    fmt::print("  ranks        {} (data parallel, sharding {})\n", m.per_rank.size(),
+               sharding_name(cfg.sharding));
   fmt::print("  config       batch {} x {}, {}, checkpoint {}, {}, offload {}, {}\n",
              cfg.batch_size, cfg.accumulation, precision_name(cfg.precision), cfg.checkpoint.str(),
              optimizer_name(cfg.optimizer), offload_name(cfg.offload), mode_name(cfg.mode));
@@ -132,6 +163,13 @@ int run_point_and_print(Device& dev, Model& model, const TrainConfig& cfg,
     if (m.memory.by_category_at_peak[c] > 0)
       fmt::print("    {:<12} {}\n", category_name(static_cast<Category>(c)),
                  format_bytes(m.memory.by_category_at_peak[c]));
+  for (const RankMemory& r : m.per_rank) {
+    fmt::print("  rank {:<7} {} allocated, {} reserved:", r.rank, format_bytes(r.peak_allocated),
+               format_bytes(r.peak_reserved));
+    for (const auto& [cat, bytes] : r.breakdown_at_peak)
+      if (bytes > 0) fmt::print(" {} {}", cat, format_bytes(bytes));
+    fmt::print("\n");
+  }
   fmt::print("  step time    median {:.3f} ms (p10 {:.3f}, p90 {:.3f}, cv {:.1f}%) over {} steps\n",
              m.median_s * 1e3, m.p10_s * 1e3, m.p90_s * 1e3, m.cv * 100, m.samples_s.size());
   fmt::print("  throughput   {:.1f} samples/s, {:.0f} tokens/s, {:.2f} GFLOP/s\n", m.samples_per_s,

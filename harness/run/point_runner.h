@@ -21,6 +21,7 @@ struct PointRunOptions {
   int warmup = 2;
   int steps = 8;
   bool trace_last_step = false;  // keep the allocator's event trace of the last measured step
+  std::optional<std::int64_t> predicted_peak;  // this rank's prediction, for memory.per_rank
 };
 
 struct PointMeasurement {
@@ -36,6 +37,10 @@ struct PointMeasurement {
   double samples_per_s = 0, tokens_per_s = 0, flops_per_step = 0;
   std::optional<std::int64_t> device_peak;  // driver-level bytes in use (CUDA), max over steps
   std::vector<TraceEvent> trace;            // when trace_last_step
+  // Data parallelism: this process's rank, and every rank's memory (empty with one rank). The
+  // step times above are then the slowest rank's, step by step.
+  int rank = 0;
+  std::vector<RankMemory> per_rank;
   std::array<std::int64_t, kNumCategories> trace_live_at_start{};  // bytes per category then
 };
 

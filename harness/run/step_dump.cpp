@@ -88,17 +88,24 @@ void load_init(Trainer& trainer, const std::vector<ParamSpec>& specs,
 
 }  // namespace
 
-void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
+bool write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
                      const std::filesystem::path& dir, const std::filesystem::path& init) {
   namespace fs = std::filesystem;
   const bool train = cfg.mode == Mode::train;
-  fs::create_directories(dir / "params");
-  if (train) {
-    fs::create_directories(dir / "grads");
-    fs::create_directories(dir / "params_after");
-  }
-
   Trainer trainer(dev, model, cfg);
+  const bool writer = trainer.comm().rank() == 0;
+  if (writer) {
+    fs::create_directories(dir / "params");
+    if (train) {
+      fs::create_directories(dir / "grads");
+      fs::create_directories(dir / "params_after");
+    }
+  }
+  // Only rank 0 writes; every rank computes (the gathers behind param_f32 are collectives).
+  auto npy = [writer](const fs::path& path, const auto& values, const Shape& shape) {
+    if (writer) write_npy(path, values, shape);
+  };
+
   trainer.set_capture_grads(true);
   const auto& specs = model.params();
   if (!init.empty()) load_init(trainer, specs, init);
@@ -109,23 +116,28 @@ void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
     if (!s.trainable) continue;
     names.push_back(s.name);
     shapes[s.name] = s.shape;
-    write_npy(dir / "params" / (s.name + ".npy"), trainer.param_f32(i), s.shape);
+    npy(dir / "params" / (s.name + ".npy"), trainer.param_f32(i), s.shape);
   }
 
   const StepResult r = trainer.step();
 
   const std::int64_t samples = trainer.samples_per_step();
   const Shape in_shape = model.input_shape(samples);
-  const std::vector<float>& inputs = trainer.last_inputs();
+  std::vector<float> inputs = trainer.last_inputs();
+  std::vector<std::int32_t> targets = trainer.last_targets();
+  // Several ranks: the step's global batch is contiguous from sample 0 (models/data_parallel.h),
+  // and the samples are a function of their index, so rank 0 makes the whole batch again.
+  if (trainer.comm().size() > 1 && dev.holds_data())
+    model.make_batch(cfg.seed, 0, samples, inputs, targets);
   if (model.input_dtype(compute_dtype(cfg.precision)) == DType::I32) {
     std::vector<std::int32_t> tokens(inputs.begin(), inputs.end());
-    write_npy(dir / "inputs.npy", tokens, in_shape);
+    npy(dir / "inputs.npy", tokens, in_shape);
   } else {
-    write_npy(dir / "inputs.npy", inputs, in_shape);
+    npy(dir / "inputs.npy", inputs, in_shape);
   }
-  write_npy(dir / "targets.npy", trainer.last_targets(), model.target_shape(samples));
+  npy(dir / "targets.npy", targets, model.target_shape(samples));
   const float loss = static_cast<float>(r.loss);
-  write_npy(dir / "loss.npy", std::span<const float>(&loss, 1), Shape{});
+  npy(dir / "loss.npy", std::span<const float>(&loss, 1), Shape{});
 
   if (train) {
     for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
@@ -133,10 +145,11 @@ void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
       if (!s.trainable) continue;
       std::vector<float> g = trainer.grad_f32(i);
       if (g.empty()) g.assign(static_cast<std::size_t>(shape_numel(s.shape)), 0.0f);  // unused
-      write_npy(dir / "grads" / (s.name + ".npy"), g, s.shape);
-      write_npy(dir / "params_after" / (s.name + ".npy"), trainer.param_f32(i), s.shape);
+      npy(dir / "grads" / (s.name + ".npy"), g, s.shape);
+      npy(dir / "params_after" / (s.name + ".npy"), trainer.param_f32(i), s.shape);
     }
   }
+  if (!writer) return false;
 
   nlohmann::json meta;
   meta["schema"] = "memtrade.step/1";
@@ -160,6 +173,7 @@ void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
   if (!out) throw std::runtime_error(fmt::format("cannot write {}", (dir / "meta.json").string()));
   out << meta.dump(2) << '\n';
   if (!out) throw std::runtime_error(fmt::format("error writing {}", (dir / "meta.json").string()));
+  return true;
 }
 
 }  // namespace memtrade

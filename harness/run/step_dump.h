@@ -39,7 +39,10 @@ namespace memtrade {
 // the seed's init: every one, with its shape, and no other .npy (a dump's params/ or
 // params_after/, or a reference's own weights: HF's, with non-zero biases). BadInput otherwise.
 // Throws std::runtime_error when a file cannot be written.
-void write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
+// Data parallelism: every rank runs it (the gathers are collectives); rank 0 writes the whole
+// model's files, as dp 1 would, with the global batch's inputs, and returns true; the other
+// ranks return false.
+bool write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
                      const std::filesystem::path& dir, const std::filesystem::path& init = {});
 
 // What memtrade resolves from a config before it runs it, so that a peer (bench/peers/) runs the

@@ -1,5 +1,8 @@
 #include "kernels/cpu/cpu_device.h"
 
+#include <cstdlib>
+#include "kernels/comm.h"
+
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -53,10 +56,20 @@ class CpuEvent final : public Event {
   std::chrono::steady_clock::time_point t_{};
 };
 
+// Every core, except in one rank of several: its launcher's share (OMP_NUM_THREADS, which
+// harness/common/launch.h sets to the cores over the ranks), so ranks do not fight for cores.
+int default_threads() {
+  if (launched_by_mpi() && std::getenv("OMP_NUM_THREADS") != nullptr) {
+    const int n = std::atoi(std::getenv("OMP_NUM_THREADS"));
+    if (n > 0) return n;
+  }
+  return static_cast<int>(std::thread::hardware_concurrency());
+}
+
 class CpuDevice final : public Device {
  public:
   explicit CpuDevice(const DeviceOptions& o)
-      : threads_(o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency())),
+      : threads_(o.threads > 0 ? o.threads : default_threads()),
         memory_(std::make_unique<HostProvider>(), o.capacity),
         pinned_(std::make_unique<HostProvider>()),
         ops_(make_cpu_ops()) {

@@ -1,0 +1,157 @@
+// The NCCL backend of Comm (kernels/comm.h): one GPU per rank, every collective queued on the
+// device's compute stream (so it orders with the kernels around it, as torch's
+// ProcessGroupNCCL does on its own stream with events). The unique id is made by rank 0 and
+// broadcast over MPI, as llm.c does it; host values (losses, times, flags) go over MPI too.
+#include "kernels/comm.h"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#ifdef MEMTRADE_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include "kernels/cuda/cuda_device.h"
+#endif
+
+namespace memtrade {
+
+#ifdef MEMTRADE_HAVE_NCCL
+
+namespace {
+
+void check(ncclResult_t rc, const char* what) {
+  if (rc != ncclSuccess)
+    throw std::runtime_error(fmt::format("NCCL {}: {}", what, ncclGetErrorString(rc)));
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F16:
+      return ncclFloat16;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::I32:
+      return ncclInt32;
+  }
+  return ncclFloat32;
+}
+
+char* at(const Tensor& t, std::int64_t offset) {
+  return static_cast<char*>(const_cast<void*>(t.data())) +
+         static_cast<std::size_t>(offset) * dtype_size(t.dtype());
+}
+
+class NcclComm final : public Comm {
+ public:
+  explicit NcclComm(Device& dev) : host_(make_mpi_comm()), stream_(cuda::raw_stream(dev, StreamKind::compute)) {
+    ncclUniqueId id;
+    if (host_->rank() == 0) check(ncclGetUniqueId(&id), "get_unique_id");
+    if (MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+      throw std::runtime_error("NCCL: broadcasting the unique id over MPI failed");
+    check(ncclCommInitRank(&comm_, host_->size(), id, host_->rank()), "comm_init_rank");
+  }
+  ~NcclComm() override { ncclCommDestroy(comm_); }
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  CommBackend backend() const override { return CommBackend::nccl; }
+  std::string name() const override {
+    return fmt::format("nccl {} ({} ranks; ids over {})", nccl_library_version(), size(),
+                       mpi_library_version());
+  }
+
+  void all_reduce(Tensor& t) override {
+    check(ncclAllReduce(t.data(), t.data(), static_cast<std::size_t>(t.numel()), nccl_type(t.dtype()),
+                        ncclSum, comm_, stream_),
+          "all_reduce");
+  }
+  // Uneven parts: one rooted reduce per part in a group (ncclReduceScatter takes equal parts).
+  void reduce_scatter(const Tensor& full, Tensor& part,
+                      std::span<const std::int64_t> counts) override {
+    check(ncclGroupStart(), "group_start");
+    std::int64_t off = 0;
+    for (int r = 0; r < size(); ++r) {
+      const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
+      check(ncclReduce(at(full, off), r == rank() ? part.data() : nullptr, n, nccl_type(full.dtype()),
+                       ncclSum, r, comm_, stream_),
+            "reduce");
+      off += static_cast<std::int64_t>(n);
+    }
+    check(ncclGroupEnd(), "group_end");
+  }
+  void all_gather(const Tensor& part, Tensor& full, std::span<const std::int64_t> counts) override {
+    gather(part.data(), full, counts);
+  }
+  void all_gather_in_place(Tensor& full, std::span<const std::int64_t> counts) override {
+    gather(at(full, part_offset(counts, rank())), full, counts);
+  }
+  void broadcast(Tensor& t, int root) override {
+    check(ncclBroadcast(t.data(), t.data(), static_cast<std::size_t>(t.numel()), nccl_type(t.dtype()),
+                        root, comm_, stream_),
+          "broadcast");
+  }
+  void all_to_all(const Tensor& in, std::span<const std::int64_t> send, Tensor& out,
+                  std::span<const std::int64_t> recv) override {
+    check(ncclGroupStart(), "group_start");
+    std::int64_t so = 0, ro = 0;
+    for (int r = 0; r < size(); ++r) {
+      const auto s = static_cast<std::size_t>(send[static_cast<std::size_t>(r)]);
+      const auto n = static_cast<std::size_t>(recv[static_cast<std::size_t>(r)]);
+      if (s > 0) check(ncclSend(at(in, so), s, nccl_type(in.dtype()), r, comm_, stream_), "send");
+      if (n > 0) check(ncclRecv(at(out, ro), n, nccl_type(out.dtype()), r, comm_, stream_), "recv");
+      so += static_cast<std::int64_t>(s);
+      ro += static_cast<std::int64_t>(n);
+    }
+    check(ncclGroupEnd(), "group_end");
+  }
+  void barrier() override {
+    cudaStreamSynchronize(stream_);
+    host_->barrier();
+  }
+  double all_reduce_sum(double v) override { return host_->all_reduce_sum(v); }
+  double all_reduce_max(double v) override { return host_->all_reduce_max(v); }
+  std::vector<std::int64_t> all_gather_host(std::span<const std::int64_t> mine) override {
+    return host_->all_gather_host(mine);
+  }
+
+ private:
+  // Uneven parts: one broadcast per part in a group (ncclAllGather takes equal parts).
+  void gather(const void* mine, Tensor& full, std::span<const std::int64_t> counts) {
+    check(ncclGroupStart(), "group_start");
+    std::int64_t off = 0;
+    for (int r = 0; r < size(); ++r) {
+      const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
+      check(ncclBroadcast(r == rank() ? mine : nullptr, at(full, off), n, nccl_type(full.dtype()), r,
+                          comm_, stream_),
+            "broadcast");
+      off += static_cast<std::int64_t>(n);
+    }
+    check(ncclGroupEnd(), "group_end");
+  }
+
+  std::unique_ptr<Comm> host_;
+  cudaStream_t stream_;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_nccl_comm(Device& device) {
+  if (device.backend() != Backend::cuda)
+    throw std::runtime_error("NCCL needs a CUDA device");
+  return std::make_unique<NcclComm>(device);
+}
+
+std::string nccl_library_version() {
+  int v = 0;
+  ncclGetVersion(&v);
+  return fmt::format("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
+}
+
+#endif
+
+}  // namespace memtrade

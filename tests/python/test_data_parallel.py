@@ -1,0 +1,164 @@
+"""Data parallelism is measured by running it: 2 real ranks (Open MPI processes) against 1.
+
+Equivalence. `memtrade step --dp 2 --batch-size 4` trains on the samples of `--batch-size 8`
+(rank r on its contiguous half). Its dump (rank 0 gathers the whole model) must equal dp 1's:
+the gradients after the reduction and the weights after the step, to 1e-5 relative, for every
+sharding stage, with accumulation, checkpointing and 16-bit precision.
+
+Which dp-1 run is the reference, by the arithmetic:
+  - fp32: dp 1 × b8. Each rank's GEMMs sum 4 rows where dp 1's sum 8; the fp32 sums differ by
+    rounding only (about 1e-7 relative), far inside 1e-5.
+  - bf16 autocast and bf16-o2: dp 1 × b4 × a2. A bf16 GEMM rounds its output to 8 bits, so a sum
+    over 8 rows and two sums over 4 rows differ by up to 2^-8 relative: not the same math at
+    1e-5. dp 2 × b4 and b4 × a2 compute the same 4-row products, and add the two halves once
+    in fp32 (the all-reduce of 2 ranks, or accumulation): bit for bit the same additions.
+  - bf16-o2 keeps 16-bit grads: dp 2 rounds the sum of the two halves to bf16 once (the
+    all-reduce's fp32 add), b4 × a2 rounds as its backward accumulates into the bf16 grad. Each
+    is within a rounding or two of bf16 (2^-8) of the other, so the grads' bound is 2^-7 of the
+    largest gradient: 1e-5 is not a bf16 number's precision. The fp32 master after the step
+    moves by lr × the gradient and keeps 1e-5.
+  - cnn (batch norm): DDP without SyncBatchNorm normalises over each rank's own batch, so its
+    reference is dp 1 × b4 × a2 too (the same per-micro-batch statistics).
+
+Weights after the step: with sgd-momentum (the matrix below: stateful, so zero1-3 shard its
+buffers, and linear in the gradient on the first step) the new weights inherit the gradients'
+1e-5. Adam's first update, lr·g/(|g| + eps), is not linear: a gradient that fp32 rounding leaves
+near zero (a bias whose true gradient is ~0) may flip its update's sign at any batch split. Its
+test bounds each weight by the arithmetic instead: |Δp| <= 1e-5·max|p| + lr·|Δg|/(|g| + eps), the
+update's derivative times the measured gradient difference.
+
+Memory. A point with dp 2 runs through `memtrade run` (ranks under mpirun, one row with every
+rank's memory): each rank's measured peak equals the memory model's prediction for that rank,
+byte for byte, for every stage.
+"""
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None,
+                                reason="Open MPI's mpirun is not installed (ci/setup.sh)")
+
+SHARDINGS = ["none", "zero1", "zero2", "zero3"]
+RTOL = 1e-5
+
+
+def dump(memtrade_bin, out, *flags):
+    cmd = [memtrade_bin, "step", "--backend", "cpu", *flags, "--dump", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{' '.join(map(str, cmd))}\n{r.stdout}\n{r.stderr}"
+    return json.loads((out / "meta.json").read_text())
+
+
+def assert_same(out, ref, meta, subs=("grads", "params_after")):
+    worst = ("", 0.0)
+    grad_rtol = 2.0**-7 if meta["config"]["precision"] in ("bf16-o2", "bf16-pure") else RTOL
+    for sub in subs:
+        rtol = grad_rtol if sub == "grads" else RTOL
+        for name in meta["params"]:
+            got = np.load(out / sub / f"{name}.npy").astype(np.float64)
+            want = np.load(ref / sub / f"{name}.npy").astype(np.float64)
+            scale = max(np.abs(want).max(), 1e-30)
+            diff = np.abs(got - want)
+            if sub == "params_after" and "grads" in subs:
+                # sgd-momentum's first step moves each weight by lr·g: the grads' difference
+                # (16-bit grads: up to 2^-7) moves the weights by lr times as much.
+                dg = np.abs(np.load(out / "grads" / f"{name}.npy").astype(np.float64)
+                            - np.load(ref / "grads" / f"{name}.npy"))
+                diff = np.maximum(diff - meta["lr"] * dg * (1 + 1e-6), 0)
+            err = diff.max() / scale
+            if err > worst[1]:
+                worst = (f"{sub}/{name}", err)
+            assert err <= rtol, f"{sub}/{name}: {err:.3g} relative (bound {rtol})"
+    return worst
+
+
+CASES = [
+    # (model, flags common to both, dp-1 reference's own flags)
+    ("gpt-tiny", [], ["--batch-size", "8"]),
+    ("llama-tiny", [], ["--batch-size", "8"]),            # GQA (n_kv_head < n_head)
+    ("gpt-tiny", ["--checkpoint", "1"], ["--batch-size", "8"]),
+    ("llama-tiny", ["--checkpoint", "selective"], ["--batch-size", "8"]),
+    ("gpt-tiny", ["--precision", "bf16"], ["--batch-size", "4", "--accumulation", "2"]),
+    ("llama-tiny", ["--precision", "bf16-o2"], ["--batch-size", "4", "--accumulation", "2"]),
+    ("mlp-tiny", [], ["--batch-size", "8"]),
+    ("cnn-tiny", [], ["--batch-size", "4", "--accumulation", "2"]),
+]
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
+@pytest.mark.parametrize("model,common,ref_flags", CASES,
+                         ids=[f"{m}{''.join(c)}" for m, c, _ in CASES])
+def test_dp2_equals_dp1(memtrade_bin, tmp_path, sharding, model, common, ref_flags):
+    common = [*common, "--optimizer", "sgd-momentum"]
+    ref = tmp_path / "dp1"
+    meta = dump(memtrade_bin, ref, "--model", model, *common, *ref_flags)
+    out = tmp_path / "dp2"
+    got = dump(memtrade_bin, out, "--model", model, *common, "--batch-size", "4",
+               "--dp", "2", "--sharding", sharding)
+    assert got["samples"] == meta["samples"] == 8
+    assert np.array_equal(np.load(out / "inputs.npy"), np.load(ref / "inputs.npy"))
+    assert abs(got["loss"] - meta["loss"]) <= RTOL * abs(meta["loss"])
+    assert_same(out, ref, meta)
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_dp2_with_accumulation(memtrade_bin, tmp_path, sharding):
+    """no_sync: the grads of the first micro-batch stay local and are reduced with the last."""
+    ref = tmp_path / "ref"
+    meta = dump(memtrade_bin, ref, "--model", "gpt-tiny", "--batch-size", "2",
+                "--accumulation", "4", "--optimizer", "sgd-momentum")
+    out = tmp_path / "dp2"
+    dump(memtrade_bin, out, "--model", "gpt-tiny", "--batch-size", "2", "--accumulation", "2",
+         "--dp", "2", "--sharding", sharding, "--optimizer", "sgd-momentum")
+    assert_same(out, ref, meta)
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny"])
+def test_dp2_adam_equals_dp1(memtrade_bin, tmp_path, sharding, model):
+    ref = tmp_path / "dp1"
+    meta = dump(memtrade_bin, ref, "--model", model, "--batch-size", "8", "--optimizer", "adam")
+    out = tmp_path / "dp2"
+    dump(memtrade_bin, out, "--model", model, "--batch-size", "4", "--dp", "2",
+         "--sharding", sharding, "--optimizer", "adam")
+    assert_same(out, ref, meta, subs=("grads",))
+    lr, eps = meta["lr"], meta["optimizer_hyper"]["eps"]
+    for name in meta["params"]:
+        g_ref = np.load(ref / "grads" / f"{name}.npy").astype(np.float64)
+        dg = np.abs(np.load(out / "grads" / f"{name}.npy") - g_ref)
+        p_ref = np.load(ref / "params_after" / f"{name}.npy").astype(np.float64)
+        dp = np.abs(np.load(out / "params_after" / f"{name}.npy") - p_ref)
+        bound = RTOL * np.abs(p_ref).max() + lr * dg / (np.abs(g_ref) + eps)
+        assert (dp <= bound * (1 + 1e-6)).all(), f"{name}: {(dp - bound).max():.3g} over the bound"
+
+
+def test_per_rank_memory_is_predicted_exactly(memtrade_bin, tmp_path):
+    grid = tmp_path / "dp.toml"
+    grid.write_text(
+        '[run]\nwarmup = 1\nsteps = 1\n[axes]\nmodel = ["gpt-tiny", "llama-tiny"]\n'
+        'batch_size = [4]\ndata_parallel = [2]\nprecision = ["fp32", "bf16-o2"]\n'
+        'sharding = ["none", "zero1", "zero2", "zero3"]\n')
+    out = tmp_path / "dp.json"
+    r = subprocess.run([memtrade_bin, "run", "--grid", str(grid), "--backend", "cpu",
+                        "--out", str(out), "--quiet"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    points = json.loads(out.read_text())["points"]
+    assert len(points) == 16
+    peaks = {}
+    for p in points:
+        assert p["status"] == "ok", p
+        ranks = p["memory"]["per_rank"]
+        assert [x["rank"] for x in ranks] == [0, 1]
+        for x in ranks:
+            assert x["peak_allocated"] == x["predicted_peak"], (p["id"], x)
+        assert p["memory"]["peak_allocated"] == max(x["peak_allocated"] for x in ranks)
+        peaks[(p["config"]["model"], p["config"]["precision"], p["config"]["sharding"])] = \
+            p["memory"]["peak_allocated"]
+    # Each stage holds less than the one before it (these models are all model states).
+    for model in ("gpt-tiny", "llama-tiny"):
+        for prec in ("fp32", "bf16-o2"):
+            stages = [peaks[(model, prec, s)] for s in SHARDINGS]
+            assert stages[2] <= stages[1] < stages[0], (model, prec, stages)
