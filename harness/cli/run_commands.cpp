@@ -252,22 +252,32 @@ std::string breakdown_line(const std::array<std::int64_t, kNumCategories>& b) {
   return out;
 }
 
-int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json) {
+int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank) {
   std::string requested = f.knobs.backend == "auto" ? "cpu" : f.knobs.backend;
   Grid g = grid_for(cmd, f, requested);
   select_points(g, f);
   Backend b = requested == "cuda" ? Backend::cuda : Backend::cpu;
   nlohmann::json points = nlohmann::json::array();
+  for (const auto& p : g.points)
+    if (rank >= p.config.data_parallel)
+      throw BadInput(fmt::format("--rank {}: {} has {} data-parallel rank{}", rank, p.id,
+                                 p.config.data_parallel, p.config.data_parallel == 1 ? "" : "s"));
   for (const auto& p : g.points) {
-    MemoryEstimate e = estimate_memory(p.config, b, g.run.capacity);
+    MemoryEstimate e = estimate_memory(p.config, b, g.run.capacity, 1, rank);
     nlohmann::json row = estimate_json(e);
     row["id"] = p.id;
     row["config"] = config_json(p.config, *make_model(p.config));
+    if (p.config.data_parallel > 1) row["rank"] = rank;
     points.push_back(row);
-    if (!json)
+    if (!json) {
       fmt::print("{:>11} {:>11} {:<4} {}\n    {}\n", format_bytes(e.peak_allocated),
                  format_bytes(e.peak_reserved), e.fits ? "fits" : "OOM", p.id,
                  breakdown_line(e.breakdown_at_peak));
+      if (p.config.data_parallel > 1)
+        fmt::print("    per rank: rank {} of {}{}; resident after the step: {}; {:.3f} s\n", rank,
+                   p.config.data_parallel, rank == 0 ? " (the most loaded)" : "",
+                   breakdown_line(e.resident_after_step), e.seconds);
+    }
   }
   if (json)
     fmt::print("{}\n",
@@ -392,13 +402,17 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
 
   auto& ef = cmds.keep<RunFlags>();
   auto& ejson = cmds.keep<bool>();
+  auto& erank = cmds.keep<int>();
   CLI::App* est =
       app.add_subcommand("estimate", "Predict peak memory and its breakdown without running");
   add_knob_flags(*est, ef.knobs);
   est->add_option("--grid", ef.grid, "Grid file (TOML)");
   est->add_option("--select", ef.select, "Only these point ids (comma-separated)");
   est->add_flag("--json", ejson, "JSON output");
-  cmds.add(est, [est, &ef, &ejson] { return cmd_estimate(*est, ef, ejson); });
+  est->add_option("--rank", erank,
+                  "Data parallelism: the rank to predict (default 0, the most loaded)")
+      ->check(CLI::NonNegativeNumber);
+  cmds.add(est, [est, &ef, &ejson, &erank] { return cmd_estimate(*est, ef, ejson, erank); });
 
   auto& ff = cmds.keep<RunFlags>();
   auto& fit_opts = cmds.keep<FitOptions>();

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -170,6 +172,14 @@ PointRow run_point_row(const PointJob& job) {
   ro.steps = job.steps;
   ro.trace_last_step = !job.trace_path.empty();
   if (predicted) ro.predicted_peak = predicted->peak_allocated;
+  // A rank that dies mid-run (a crashed node, the OOM killer): the last rank SIGKILLs itself
+  // 0.3 s into the run, while the others wait for it in a collective.
+  if (fault_requested(job.point.id, "kill_rank") && cfg.data_parallel > 1 &&
+      launched_rank() == cfg.data_parallel - 1)
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::raise(SIGKILL);
+    }).detach();
   try {
     if (fault_requested(job.point.id, "bad_alloc")) throw std::bad_alloc();
     PointMeasurement m = run_point(*dev, *model, cfg, ro);
