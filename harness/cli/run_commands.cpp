@@ -13,6 +13,7 @@
 #include "harness/cli/command.h"
 #include "harness/cli/knob_flags.h"
 #include "harness/common/bad_input.h"
+#include "harness/common/launch.h"
 #include "harness/common/output_file.h"
 #include "harness/run/estimate.h"
 #include "harness/run/fit.h"
@@ -233,6 +234,7 @@ int cmd_point(const std::string& job_path, const std::string& result_path) {
   // writes its own row, naming itself, and ends the job: the others wait for it in a
   // collective and would hang until the point's timeout.
   const int rank = launched_rank();
+  if (const std::string by = rank_launcher(); !by.empty()) row.extra["launcher"] = by;
   if (row.status != "ok") {
     row.error = fmt::format("rank {}: {}", rank, row.error.value_or(row.status));
     write_json_atomic(result_path, row.to_json());

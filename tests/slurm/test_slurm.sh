@@ -319,4 +319,30 @@ grep -q "memtrade shard 2/$shards" "$out/slurm-${grid_job}_2.out" || fail "the r
 [ "$before" -eq 1 ] && [ "$(npoints "$out/shard-2.json")" -eq 2 ] || fail "shard 2 did not resume ($before -> $(npoints "$out/shard-2.json") points)"
 compare "$out/merged.json" "$T/single.json" || fail "merged results after resubmission differ from the one-machine run"
 say "case 2 ok"
+
+# ---- 3. a data-parallel point: srun starts its ranks -------------------------------------------
+# memtrade run inside a Slurm job: a point with data_parallel 2 is started by srun (PMIx), not
+# mpirun (harness/common/launch.h); each rank's measured peak equals its prediction.
+say "case 3: a dp 2 grid inside a Slurm job: srun launches each point's 2 ranks"
+printf '[run]\nwarmup = 1\nsteps = 2\n[axes]\nmodel = ["gpt-tiny"]\nbatch_size = [4]\n%s\n%s\n' \
+  'data_parallel = [2]' 'sharding = ["none", "zero3"]' >"$T/dp.toml"
+dp_job=$(sbatch --parsable -n 2 -o "$T/dp.out" \
+  --wrap "'$memtrade' run --grid '$T/dp.toml' --backend cpu --out '$T/dp.json' --quiet") ||
+  fail "sbatch of the dp job failed"
+jobs_submitted+=("$dp_job")
+state=$(wait_done "$dp_job" 240) || fail "dp job $dp_job not done within 240 s ($state)"
+[ "$state" = COMPLETED ] || { cat "$T/dp.out"; fail "dp job $dp_job ended $state"; }
+"$py" - "$T/dp.json" "$dp_job" <<'PY' || { cat "$T/dp.out"; fail "the dp points are not what srun's 2 ranks measured"; }
+import json, sys
+pts = json.load(open(sys.argv[1]))["points"]
+assert len(pts) == 2, pts
+for p in pts:
+    assert p["status"] == "ok", p
+    assert p.get("launcher", "").startswith(f"srun (job {sys.argv[2]}"), p.get("launcher")
+    ranks = p["memory"]["per_rank"]
+    assert [r["rank"] for r in ranks] == [0, 1], ranks
+    assert all(r["peak_allocated"] == r["predicted_peak"] for r in ranks), ranks
+    print(f"  {p['id']}: {p['launcher']}; per rank {[r['peak_allocated'] for r in ranks]} B, as predicted")
+PY
+say "case 3 ok"
 say "PASS"
