@@ -167,6 +167,7 @@ void BlockModel::backward(Device& dev, ParamStore& store, float dloss) {
       ScopedRange range(dev, block_label(i).c_str());
       fetch(i);
       store.enter_block(i);
+      store.block_backward_begins(i);
       block_backward(c, i, dres);
       store.clear_casts();  // casts a selective recompute made for itself
       store.block_grads_done(i);

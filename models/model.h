@@ -55,6 +55,9 @@ class ParamStore {
   // micro-batch are complete, so data parallelism may reduce them while backward goes on (the
   // moment torch's autograd hooks tell DDP and FSDP).
   virtual void block_grads_done(int /*block*/) {}
+  // Called after a block's enter_block in backward, before its backward runs (torch FSDP's
+  // pre-backward hook, where BACKWARD_PRE prefetches the next block's weights).
+  virtual void block_backward_begins(int /*block*/) {}
 
   // ---- autocast's weight-cast cache (torch's cached_cast) --------------------------------------
   // weight(index) cast to `dtype` with `ops`: made on the first request of an autocast region

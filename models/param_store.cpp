@@ -214,10 +214,24 @@ void TrainerParamStore::gather_weight(int index) {
   if (comm_.moves_data()) comm_.all_gather(s.shard, s.weight, even_parts(s.weight.numel(), layout_.ranks));
 }
 
-void TrainerParamStore::gather_root() {
+void TrainerParamStore::gather_root(bool for_backward) {
   if (place_.sharding != Sharding::zero3) return;
   for (int i = 0; i < size(); ++i)
     if (gathered(i) && spec(i).block < 0) gather_weight(i);
+  if (for_backward) prefetch(static_cast<int>(block_depth_.size()) - 1);
+}
+
+void TrainerParamStore::prefetch(int block) {
+  if (block < 0 || static_cast<std::size_t>(block) >= block_depth_.size()) return;
+  if (block_params_[static_cast<std::size_t>(block)].empty()) return;
+  prefetched_.resize(block_depth_.size(), false);
+  if (prefetched_[static_cast<std::size_t>(block)]) return;
+  prefetched_[static_cast<std::size_t>(block)] = true;
+  enter_block(block);  // the prefetch holds one reference until the block's backward is done
+}
+
+void TrainerParamStore::block_backward_begins(int block) {
+  if (place_.sharding == Sharding::zero3) prefetch(block - 1);
 }
 
 void TrainerParamStore::release_root() {
@@ -227,6 +241,11 @@ void TrainerParamStore::release_root() {
 }
 
 void TrainerParamStore::block_grads_done(int block) {
+  if (static_cast<std::size_t>(block) < prefetched_.size() &&
+      prefetched_[static_cast<std::size_t>(block)]) {
+    prefetched_[static_cast<std::size_t>(block)] = false;
+    exit_block(block);  // the prefetch's reference; the model's exit_block frees the weights
+  }
   if (!sync_ || layout_.ranks == 1) return;
   if (place_.sharding != Sharding::zero2 && place_.sharding != Sharding::zero3) return;
   for (int i = 0; i < size(); ++i)

@@ -77,11 +77,15 @@ class TrainerParamStore final : public ParamStore {
   void enter_block(int block) override;  // nests: only the outermost enter/exit moves bytes
   void exit_block(int block) override;
   void block_grads_done(int block) override;  // zero2/3: reduce-scatter when syncing
+  // zero3: FSDP's default backward_prefetch=BACKWARD_PRE: the next block's weights (block - 1)
+  // are gathered before this block's backward runs, and kept to the end of their own.
+  void block_backward_begins(int block) override;
 
   // ---- data parallelism (no-ops on one rank) ---------------------------------------------------
   // zero3: all-gather the weights outside the blocks (embeddings, final norm, head) around a
-  // forward and a backward, as FSDP's root unit; release frees them again.
-  void gather_root();
+  // forward and a backward, as FSDP's root unit; release frees them again. For a backward, the
+  // first block backward reaches is prefetched too (BACKWARD_PRE from the root's pre-backward).
+  void gather_root(bool for_backward = false);
   void release_root();
   // Whether this micro-batch's backward reduces the grads (the last of the step: DDP/FSDP's
   // no_sync on the others).
@@ -175,6 +179,8 @@ class TrainerParamStore final : public ParamStore {
   DataParallelLayout layout_;
   std::vector<Tensor> buckets_;  // DDP's gradient buckets (sharding none, several ranks)
   bool sync_ = true;
+  std::vector<bool> prefetched_;  // zero3: blocks held by a backward prefetch
+  void prefetch(int block);
 };
 
 }  // namespace memtrade

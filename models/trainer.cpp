@@ -152,7 +152,7 @@ StepResult Trainer::step() {
       Phase phase(dev_, "backward");
       const bool last = m + 1 == k;
       store_.set_sync(last);
-      store_.gather_root();
+      store_.gather_root(/*for_backward=*/true);
       model_.backward(dev_, store_, dloss);
       store_.release_root();
       if (last) store_.reduce_grads(ops);
