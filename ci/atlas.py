@@ -39,6 +39,11 @@ LAYER_FIXED = {"checkpoint": "0", "zero_grad": "zero", "optimizer": "adamw", "ba
 LAYER_PRECISIONS = ["bf16", "bf16-o2"]
 LAYER_ATTENTIONS = ["math", "flash"]
 HELP_AXES = ["precision", "checkpoint", "attention"]
+# Data parallelism: the per-GPU peak at 8 and 64 GPUs for each sharding stage, with every block
+# checkpointed and flash attention (how sharded runs of these sizes are trained).
+DP_RANKS = [8, 64]
+DP_STAGES = ["none", "zero1", "zero2", "zero3"]
+DP_SETTING = {"checkpoint": "1", "attention": "flash"}
 
 
 class BadInput(Exception):
@@ -149,7 +154,13 @@ def collect(binary: str, work: pathlib.Path, models: list[str], seqs: list[int],
                   **{k: [v] for k, v in LAYER_FIXED.items()}}
     layers = estimate(binary, write_grid(work / "layers.toml", "atlas-layers", layer_axes,
                                          pairs(lambda c: c.layer_values)), work / "layers.json")
-    return R.Atlas(version=version, fixed=FIXED, settings=SETTINGS,
+    dp_axes = {"model": main_axes["model"], "seq_len": seqs, **{k: [v] for k, v in FIXED.items()},
+               **{k: [v] for k, v in DP_SETTING.items()}, "data_parallel": DP_RANKS,
+               "sharding": DP_STAGES}
+    dp = estimate(binary, write_grid(work / "dp.toml", "atlas-dp", dp_axes,
+                                     pairs(lambda c: [c.value])), work / "dp.json")
+    return R.Atlas(version=version, fixed=FIXED, settings=SETTINGS, dp=dp, dp_setting=DP_SETTING,
+                   dp_ranks=DP_RANKS, dp_stages=DP_STAGES,
                    breakdown_setting=BREAKDOWN_SETTING, cards=cards, cases=cases, peaks=peaks,
                    fits=fits, layers=layers, layer_fixed=LAYER_FIXED,
                    layer_precisions=LAYER_PRECISIONS, layer_attentions=LAYER_ATTENTIONS,

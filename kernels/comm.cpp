@@ -57,8 +57,7 @@ class LocalComm final : public Comm {
     check(send);
     check(recv);
     if (!meta_)
-      copy_bytes(out.data(), in.data(),
-                 static_cast<std::size_t>(send[0]) * dtype_size(in.dtype()));
+      copy_bytes(out.data(), in.data(), static_cast<std::size_t>(send[0]) * dtype_size(in.dtype()));
   }
   void barrier() override {}
   double all_reduce_sum(double v) override { return v; }

@@ -108,7 +108,8 @@ struct Parts {
   std::vector<int> counts, displs;
   Parts(std::span<const std::int64_t> c, int size, const char* what) {
     if (static_cast<int>(c.size()) != size)
-      throw std::invalid_argument(fmt::format("MPI {}: {} counts on {} ranks", what, c.size(), size));
+      throw std::invalid_argument(
+          fmt::format("MPI {}: {} counts on {} ranks", what, c.size(), size));
     std::int64_t off = 0;
     for (std::int64_t n : c) {
       counts.push_back(as_int(n, what));
@@ -133,8 +134,8 @@ class MpiComm final : public Comm {
   }
 
   void all_reduce(Tensor& t) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, t.data(), as_int(t.numel(), "all_reduce"), mpi_type(t.dtype()),
-                        sum_op(t.dtype()), MPI_COMM_WORLD),
+    check(MPI_Allreduce(MPI_IN_PLACE, t.data(), as_int(t.numel(), "all_reduce"),
+                        mpi_type(t.dtype()), sum_op(t.dtype()), MPI_COMM_WORLD),
           "all_reduce");
   }
   void reduce_scatter(const Tensor& full, Tensor& part,
@@ -165,10 +166,10 @@ class MpiComm final : public Comm {
   void all_to_all(const Tensor& in, std::span<const std::int64_t> send, Tensor& out,
                   std::span<const std::int64_t> recv) override {
     Parts s(send, size_, "all_to_all"), r(recv, size_, "all_to_all");
-    check(MPI_Alltoallv(in.data(), s.counts.data(), s.displs.data(), mpi_type(in.dtype()),
-                        out.data(), r.counts.data(), r.displs.data(), mpi_type(out.dtype()),
-                        MPI_COMM_WORLD),
-          "all_to_all");
+    check(
+        MPI_Alltoallv(in.data(), s.counts.data(), s.displs.data(), mpi_type(in.dtype()), out.data(),
+                      r.counts.data(), r.displs.data(), mpi_type(out.dtype()), MPI_COMM_WORLD),
+        "all_to_all");
   }
   void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "barrier"); }
   double all_reduce_sum(double v) override { return reduce_host(v, MPI_SUM); }

@@ -354,12 +354,11 @@ std::vector<Knob> make_table() {
                          &TrainConfig::data_parallel, {"1", "2"}, 65536));
   t.back().id_rule = IdRule::non_default;
   t.back().resolve = [](TrainConfig& c) -> std::optional<std::string> {
-    if (c.data_parallel > 1 &&
-        (c.offload == Offload::optimizer || c.offload == Offload::params))
-      return fmt::format(
-          "offload {} with data parallelism is not modelled yet (ZeRO-Offload of each rank's "
-          "shard): use offload none or activations",
-          offload_name(c.offload));
+    if (c.data_parallel > 1 && c.offload == Offload::params)
+      return std::string(
+          "offload params with data parallelism is not modelled (each rank would stream its "
+          "block weights from host memory; zero3 shards them instead): use offload none, "
+          "activations or optimizer");
     return std::nullopt;
   };
   Knob sharding = enum_knob(

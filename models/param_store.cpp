@@ -99,9 +99,9 @@ TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& 
     // This rank's part of the initial values (every rank draws the whole parameter: the same
     // values as one rank would have).
     auto part_values = [&] {
-      return init ? std::vector<float>(values.begin() + s.offset,
-                                       values.begin() + s.offset + s.part)
-                  : std::vector<float>{};
+      return init
+                 ? std::vector<float>(values.begin() + s.offset, values.begin() + s.offset + s.part)
+                 : std::vector<float>{};
     };
     if (streamed(i) || gathered(i)) {
       if (spec.block >= 0) block_params_[static_cast<std::size_t>(spec.block)].push_back(i);
@@ -114,7 +114,13 @@ TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& 
       if (init) dev_.from_host_f32(s.shard, part_values());
     }
     if (sharded()) {
-      if (place_.master) {
+      if (place_.offload == Offload::optimizer) {
+        // ZeRO-Offload of the rank's part: its host copy (fp32 with a master precision, else
+        // the compute dtype) is what the host update runs on.
+        s.master = dev_.empty_pinned({s.part}, place_.master ? DType::F32 : place_.compute,
+                                     Category::master);
+        if (init) write_host(s.master, part_values());
+      } else if (place_.master) {
         s.master = dev_.empty({s.part}, DType::F32, Category::master);
         if (init) dev_.from_host_f32(s.master, part_values());
       }
@@ -211,7 +217,8 @@ void TrainerParamStore::gather_weight(int index) {
   ScopedRange range(dev_, "param_gather");
   Slot& s = slot(index);
   s.weight = dev_.empty(spec(index).shape, place_.compute, Category::params);
-  if (comm_.moves_data()) comm_.all_gather(s.shard, s.weight, even_parts(s.weight.numel(), layout_.ranks));
+  if (comm_.moves_data())
+    comm_.all_gather(s.shard, s.weight, even_parts(s.weight.numel(), layout_.ranks));
 }
 
 void TrainerParamStore::gather_root(bool for_backward) {
@@ -257,7 +264,8 @@ void TrainerParamStore::reduce_scatter_grad(int index, Ops& ops) {
   ScopedRange range(dev_, "grad_reduce_scatter");
   Slot& s = slot(index);
   Tensor part = dev_.empty({s.part}, place_.compute, Category::grads);
-  if (comm_.moves_data()) comm_.reduce_scatter(s.grad, part, even_parts(s.grad.numel(), layout_.ranks));
+  if (comm_.moves_data())
+    comm_.reduce_scatter(s.grad, part, even_parts(s.grad.numel(), layout_.ranks));
   s.grad.reset();  // the full grad is gone; the rank keeps its part
   if (s.grad_part.defined()) {
     ops.add_inplace(s.grad_part, part);  // zero_grad=zero: onto the zero-filled part
@@ -386,7 +394,7 @@ Tensor& TrainerParamStore::update_grad(int index) {
 
 Tensor& TrainerParamStore::fetch_grad(int index) {
   Slot& s = slot(index);
-  const Tensor& g = device_grad(index);
+  const Tensor& g = update_grad(index);  // the rank's part under sharding
   if (!s.host_grad.defined())
     s.host_grad = dev_.empty_pinned(g.shape(), g.dtype(), Category::grads);
   dev_.copy(s.host_grad.data(), g.data(), g.nbytes(), CopyKind::device_to_host,
@@ -404,7 +412,23 @@ void TrainerParamStore::publish(int index, Ops& device_ops, Ops* host_ops) {
       s.target_view = Tensor::view(s.weight, s.offset, s.part);
       weight_part = &s.target_view;
     }
-    if (s.master.defined() && s.part > 0) device_ops.cast(*weight_part, s.master);
+    if (s.master.defined() && s.part > 0) {
+      if (!place_.host_update()) {
+        device_ops.cast(*weight_part, s.master);
+      } else {
+        // ZeRO-Offload: the host part, cast on the host where the dtypes differ, to the device.
+        if (host_ops == nullptr) throw std::logic_error("publish: host update without host ops");
+        const Tensor* src = &s.master;
+        if (s.master.dtype() != weight_part->dtype()) {
+          staging_.push_back(
+              dev_.empty_pinned({s.part}, weight_part->dtype(), Category::temporaries));
+          host_ops->cast(staging_.back(), s.master);
+          src = &staging_.back();
+        }
+        dev_.copy(weight_part->data(), src->data(), weight_part->nbytes(), CopyKind::host_to_device,
+                  StreamKind::compute);
+      }
+    }
     if (place_.sharding != Sharding::zero3 && comm_.moves_data())
       comm_.all_gather_in_place(s.weight, even_parts(s.weight.numel(), layout_.ranks));
     return;

@@ -67,8 +67,7 @@ class TrainerParamStore final : public ParamStore {
   // On a device that does not hold data (Device::holds_data) it allocates only.
   // `comm`: the data-parallel group (one rank: no parallelism); it must outlive the store.
   TrainerParamStore(Device& dev, const std::vector<ParamSpec>& specs,
-                    const ParamPlacement& placement, std::uint64_t seed,
-                    Comm& comm = self_comm());
+                    const ParamPlacement& placement, std::uint64_t seed, Comm& comm = self_comm());
 
   // ---- ParamStore ------------------------------------------------------------------------------
   // Throws std::logic_error for a streamed weight used outside enter_block/exit_block.
@@ -105,7 +104,7 @@ class TrainerParamStore final : public ParamStore {
   // Before a step's first backward. set_to_none: grads are gone, the first write assigns.
   // zero: grads that exist are fill(0)ed with `ops` and every write accumulates.
   void begin_step(ZeroGrad zero_grad, Ops& ops);
-  void release_grads();          // set_to_none after the optimizer step
+  void release_grads();  // set_to_none after the optimizer step
   // The grads the update reads that exist (the rank's parts under zero2/3), for the inf/nan check.
   std::vector<Tensor*> grads();
   bool has_grad(int index) const;

@@ -186,7 +186,7 @@ void Trainer::optimizer_phase(bool& skipped) {
   bool found_inf = false;
   if (scaler_.enabled() && !grads.empty())
     found_inf = ops.unscale_and_check(grads, 1.0f);  // check only: ×1 leaves the grads as they are
-  if (scaler_.enabled() && comm_->size() > 1)  // each rank saw its part: all skip, or none
+  if (scaler_.enabled() && comm_->size() > 1)        // each rank saw its part: all skip, or none
     found_inf = comm_->all_reduce_max(found_inf ? 1.0 : 0.0) > 0.0;
 
   if (capture_grads_) {
@@ -246,8 +246,8 @@ void Trainer::set_param_f32(int i, const std::vector<float>& values) {
   Tensor& target = store_.update_target(i);
   const std::int64_t numel = shape_numel(store_.spec(i).shape);
   if (static_cast<std::int64_t>(values.size()) != numel)
-    throw std::invalid_argument(fmt::format("{}: {} values for {} elements", store_.spec(i).name,
-                                            values.size(), numel));
+    throw std::invalid_argument(
+        fmt::format("{}: {} values for {} elements", store_.spec(i).name, values.size(), numel));
   // Under sharding the target is this rank's part.
   const std::int64_t off = target.numel() == numel ? 0 : store_.part_offset(i);
   const std::vector<float> mine(values.begin() + off, values.begin() + off + target.numel());

@@ -98,6 +98,12 @@ class Atlas:
     layer_precisions: list[str]   # [autocast, 16-bit throughout]
     layer_attentions: list[str]   # [math, flash]
     help: dict[str, str] = dataclasses.field(default_factory=dict)  # axis -> the knob's help
+    # Data parallelism: memtrade.estimate/1 per GPU (rank 0, the most loaded) of every case at
+    # dp_setting, for each rank count and sharding stage; None: no such section.
+    dp: dict | None = None
+    dp_setting: dict = dataclasses.field(default_factory=dict)
+    dp_ranks: list[int] = dataclasses.field(default_factory=list)
+    dp_stages: list[str] = dataclasses.field(default_factory=list)
 
 
 def _seq_of(config: dict) -> int:
@@ -639,6 +645,37 @@ def model_section(atlas: Atlas, idx: Index, model: str, n: int) -> tuple[str, in
     return "\n".join(text), n + 2
 
 
+def dp_section(atlas: Atlas, n: int) -> tuple[str, int]:
+    """Per-GPU peaks at each rank count and sharding stage (memtrade's data parallelism)."""
+    by = {}
+    for p in atlas.dp["points"]:
+        c = p["config"]
+        by[(c["model"], _seq_of(c), int(c["data_parallel"]), c["sharding"])] = p
+    rows = []
+    for case in atlas.cases:
+        for ranks in atlas.dp_ranks:
+            cells = []
+            for stage in atlas.dp_stages:
+                p = by.get((case.value, case.seq, ranks, stage))
+                cells.append(gib(p["peak_allocated"]) if p else "—")
+            rows.append([case.model, str(case.seq), str(ranks), *cells])
+    text = [
+        "## Per GPU under data parallelism",
+        "",
+        f"Each GPU's peak at batch 1 per GPU, {setting_label(atlas.dp_setting)}, when the same "
+        "training runs on N GPUs (`--dp N`) with each sharding stage (`--sharding`): none is "
+        "DDP (weights, grads, DDP's buckets and AdamW's state on every GPU), zero1 shards the "
+        "optimizer state, zero2 also the grads, zero3 also the weights (FSDP FULL_SHARD). The "
+        "memory model runs rank 0, the most loaded, with every buffer the collectives need "
+        "([data-parallel.md](data-parallel.md) has the proof on real ranks).",
+        "",
+        caption(n, "peak allocated per GPU, GiB"),
+        "",
+        _md_table(["model", "tokens", "GPUs", *atlas.dp_stages], rows),
+    ]
+    return "\n".join(text), n + 1
+
+
 def write_atlas(atlas: Atlas, outdir: str | pathlib.Path, formats: Sequence[str] = FORMATS) -> pathlib.Path:
     """Draw the charts into outdir and write outdir/atlas.md; returns the page's path."""
     out = pathlib.Path(outdir)
@@ -673,6 +710,9 @@ def write_atlas(atlas: Atlas, outdir: str | pathlib.Path, formats: Sequence[str]
     parts += [section, ""]
     section, n = korthikanti_section(atlas, idx, lrows, n)
     parts += [section, ""]
+    if atlas.dp:
+        section, n = dp_section(atlas, n)
+        parts += [section, ""]
     parts += ["## Per model: peak at batch 1 and the largest batch per card", ""]
     for model in dict.fromkeys(c.model for c in atlas.cases):
         section, n = model_section(atlas, idx, model, n)

@@ -16,9 +16,9 @@
 #include "harness/cli/knob_flags.h"
 #include "harness/common/launch.h"
 #include "harness/common/process.h"
-#include "kernels/comm.h"
 #include "harness/run/point_runner.h"
 #include "harness/run/step_dump.h"
+#include "kernels/comm.h"
 #include "kernels/device.h"
 #include "models/input_text.h"
 #include "models/model.h"
@@ -40,9 +40,10 @@ int run_as_ranks(int ranks, int threads) {
   so.search_path = true;
   const ChildOutcome o = spawn(argv, so);
   if (o.kind == ChildOutcome::Kind::exited && o.exit_code == 127)
-    throw BadInput(fmt::format("--dp {}: the launcher '{}' could not be started (Open MPI's mpirun "
-                               "comes with openmpi-bin: ci/setup.sh; or set MEMTRADE_LAUNCHER)",
-                               ranks, argv[0]));
+    throw BadInput(
+        fmt::format("--dp {}: the launcher '{}' could not be started (Open MPI's mpirun "
+                    "comes with openmpi-bin: ci/setup.sh; or set MEMTRADE_LAUNCHER)",
+                    ranks, argv[0]));
   if (o.kind == ChildOutcome::Kind::exited) return o.exit_code;
   fmt::print(stderr, "memtrade: the ranks' launcher died: {}\n", describe_signal(o.signal));
   return 1;

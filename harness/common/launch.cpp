@@ -24,7 +24,12 @@ std::vector<std::string> rank_launch_argv(int ranks, const std::vector<std::stri
   } else if (std::getenv("SLURM_JOB_ID") != nullptr) {
     int cpus = 0;
     if (const char* c = std::getenv("SLURM_CPUS_ON_NODE")) cpus = std::atoi(c);
-    out = {"srun", "--mpi=pmix", "-n", n, "--overcommit", "--cpus-per-task",
+    out = {"srun",
+           "--mpi=pmix",
+           "-n",
+           n,
+           "--overcommit",
+           "--cpus-per-task",
            std::to_string(std::max(1, cpus / ranks))};
   } else {
     out = {"mpirun", "-np", n, "--oversubscribe", "--bind-to", "none"};
@@ -48,7 +53,8 @@ std::vector<std::pair<std::string, std::string>> rank_env(int ranks, int threads
 
 std::string rank_launcher() {
   if (const char* step = std::getenv("SLURM_STEP_ID"))
-    return fmt::format("srun (job {}, step {})", std::getenv("SLURM_JOB_ID") ? std::getenv("SLURM_JOB_ID") : "?", step);
+    return fmt::format("srun (job {}, step {})",
+                       std::getenv("SLURM_JOB_ID") ? std::getenv("SLURM_JOB_ID") : "?", step);
   if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return "mpirun";
   return "";
 }

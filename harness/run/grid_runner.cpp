@@ -251,8 +251,8 @@ int run_grid(const Grid& grid, const GridRunOptions& o) {
     so.stdout_mode = SpawnOptions::Stdout::discard;
     so.stderr_file = work / "stderr.txt";
     so.isolate = true;
-    std::vector<std::string> argv{self_executable().string(), "__point", "--job",
-                                  job_file.string(), "--result", result_file.string()};
+    std::vector<std::string> argv{self_executable().string(), "__point",  "--job",
+                                  job_file.string(),          "--result", result_file.string()};
     // A data-parallel point: its ranks, under the site's MPI launcher (harness/common/launch.h).
     const int ranks = static_cast<int>(p->config.data_parallel);
     if (ranks > 1) {

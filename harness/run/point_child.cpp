@@ -2,10 +2,10 @@
 #include "kernels/comm.h"
 
 #include <unistd.h>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
-#include <chrono>
 #include <fstream>
 #include <thread>
 

@@ -92,8 +92,9 @@ PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
       const std::int64_t* v = all.data() + static_cast<std::size_t>(r) * mine.size();
       std::array<std::int64_t, kNumCategories> cats{};
       std::copy(v + 3, v + 3 + kNumCategories, cats.begin());
-      m.per_rank.push_back(RankMemory{r, v[0], v[1], breakdown_of(cats),
-                                      v[2] >= 0 ? std::optional<std::int64_t>(v[2]) : std::nullopt});
+      m.per_rank.push_back(
+          RankMemory{r, v[0], v[1], breakdown_of(cats),
+                     v[2] >= 0 ? std::optional<std::int64_t>(v[2]) : std::nullopt});
     }
   }
   m.median_s = quantile(m.samples_s, 0.5);

@@ -48,7 +48,8 @@ char* at(const Tensor& t, std::int64_t offset) {
 
 class NcclComm final : public Comm {
  public:
-  explicit NcclComm(Device& dev) : host_(make_mpi_comm()), stream_(cuda::raw_stream(dev, StreamKind::compute)) {
+  explicit NcclComm(Device& dev)
+      : host_(make_mpi_comm()), stream_(cuda::raw_stream(dev, StreamKind::compute)) {
     ncclUniqueId id;
     if (host_->rank() == 0) check(ncclGetUniqueId(&id), "get_unique_id");
     if (MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
@@ -65,8 +66,8 @@ class NcclComm final : public Comm {
   }
 
   void all_reduce(Tensor& t) override {
-    check(ncclAllReduce(t.data(), t.data(), static_cast<std::size_t>(t.numel()), nccl_type(t.dtype()),
-                        ncclSum, comm_, stream_),
+    check(ncclAllReduce(t.data(), t.data(), static_cast<std::size_t>(t.numel()),
+                        nccl_type(t.dtype()), ncclSum, comm_, stream_),
           "all_reduce");
   }
   // Uneven parts: one rooted reduce per part in a group (ncclReduceScatter takes equal parts).
@@ -76,8 +77,8 @@ class NcclComm final : public Comm {
     std::int64_t off = 0;
     for (int r = 0; r < size(); ++r) {
       const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
-      check(ncclReduce(at(full, off), r == rank() ? part.data() : nullptr, n, nccl_type(full.dtype()),
-                       ncclSum, r, comm_, stream_),
+      check(ncclReduce(at(full, off), r == rank() ? part.data() : nullptr, n,
+                       nccl_type(full.dtype()), ncclSum, r, comm_, stream_),
             "reduce");
       off += static_cast<std::int64_t>(n);
     }
@@ -90,8 +91,8 @@ class NcclComm final : public Comm {
     gather(at(full, part_offset(counts, rank())), full, counts);
   }
   void broadcast(Tensor& t, int root) override {
-    check(ncclBroadcast(t.data(), t.data(), static_cast<std::size_t>(t.numel()), nccl_type(t.dtype()),
-                        root, comm_, stream_),
+    check(ncclBroadcast(t.data(), t.data(), static_cast<std::size_t>(t.numel()),
+                        nccl_type(t.dtype()), root, comm_, stream_),
           "broadcast");
   }
   void all_to_all(const Tensor& in, std::span<const std::int64_t> send, Tensor& out,
@@ -125,8 +126,8 @@ class NcclComm final : public Comm {
     std::int64_t off = 0;
     for (int r = 0; r < size(); ++r) {
       const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
-      check(ncclBroadcast(r == rank() ? mine : nullptr, at(full, off), n, nccl_type(full.dtype()), r,
-                          comm_, stream_),
+      check(ncclBroadcast(r == rank() ? mine : nullptr, at(full, off), n, nccl_type(full.dtype()),
+                          r, comm_, stream_),
             "broadcast");
       off += static_cast<std::int64_t>(n);
     }
@@ -141,8 +142,7 @@ class NcclComm final : public Comm {
 }  // namespace
 
 std::unique_ptr<Comm> make_nccl_comm(Device& device) {
-  if (device.backend() != Backend::cuda)
-    throw std::runtime_error("NCCL needs a CUDA device");
+  if (device.backend() != Backend::cuda) throw std::runtime_error("NCCL needs a CUDA device");
   return std::make_unique<NcclComm>(device);
 }
 

@@ -162,7 +162,8 @@ TEST(AutocastAxis, MemoryModelIsExact) {
             const MemoryEstimate e = estimate_memory(cfg, Backend::cpu, 0);
             auto dev = make_device("cpu", DeviceOptions{0, 2});
             auto m = make_model(model);
-            const PointMeasurement got = run_point(*dev, *m, cfg, PointRunOptions{1, 1, false, std::nullopt});
+            const PointMeasurement got =
+                run_point(*dev, *m, cfg, PointRunOptions{1, 1, false, std::nullopt});
             ASSERT_EQ(e.peak_allocated, got.memory.allocated.peak);
             EXPECT_EQ(e.breakdown_at_peak, got.memory.by_category_at_peak);
             EXPECT_EQ(e.host_pinned_peak, got.pinned.allocated.peak);

@@ -30,7 +30,8 @@ TEST_F(Ranks, AllReduceSumsF32AndBf16) {
   for (DType t : {DType::F32, DType::BF16}) {
     Tensor x = make(1000, t);
     std::vector<float> v(1000);
-    for (int i = 0; i < 1000; ++i) v[i] = static_cast<float>(i % 17) * 0.25f + static_cast<float>(r);
+    for (int i = 0; i < 1000; ++i)
+      v[i] = static_cast<float>(i % 17) * 0.25f + static_cast<float>(r);
     dev->from_host_f32(x, v);
     comm().all_reduce(x);
     const std::vector<float> got = dev->to_host_f32(x);
@@ -80,19 +81,20 @@ TEST_F(Ranks, BroadcastAllToAllAndHostValues) {
   for (float x : dev->to_host_f32(b)) EXPECT_EQ(x, 4.0f);
 
   // Rank 0 sends 1 element to itself and 2 to rank 1; rank 1 sends 3 to rank 0 and 1 to itself.
-  const std::vector<std::int64_t> send = r == 0 ? std::vector<std::int64_t>{1, 2}
-                                                : std::vector<std::int64_t>{3, 1};
-  const std::vector<std::int64_t> recv = r == 0 ? std::vector<std::int64_t>{1, 3}
-                                                : std::vector<std::int64_t>{2, 1};
+  const std::vector<std::int64_t> send =
+      r == 0 ? std::vector<std::int64_t>{1, 2} : std::vector<std::int64_t>{3, 1};
+  const std::vector<std::int64_t> recv =
+      r == 0 ? std::vector<std::int64_t>{1, 3} : std::vector<std::int64_t>{2, 1};
   Tensor in = make(send[0] + send[1], DType::F32);
   std::vector<float> iv(static_cast<std::size_t>(in.numel()));
-  for (std::size_t i = 0; i < iv.size(); ++i) iv[i] = 100.0f * static_cast<float>(r) + static_cast<float>(i);
+  for (std::size_t i = 0; i < iv.size(); ++i)
+    iv[i] = 100.0f * static_cast<float>(r) + static_cast<float>(i);
   dev->from_host_f32(in, iv);
   Tensor out = make(recv[0] + recv[1], DType::F32);
   comm().all_to_all(in, send, out, recv);
   const std::vector<float> ov = dev->to_host_f32(out);
-  const std::vector<float> want = r == 0 ? std::vector<float>{0, 100, 101, 102}
-                                         : std::vector<float>{1, 2, 103};
+  const std::vector<float> want =
+      r == 0 ? std::vector<float>{0, 100, 101, 102} : std::vector<float>{1, 2, 103};
   EXPECT_EQ(ov, want);
 
   EXPECT_EQ(comm().all_reduce_sum(1.5 + r), 4.0);
