@@ -74,11 +74,12 @@ constexpr std::array<std::pair<std::string_view, AttentionKind>, 2> kAttentionKi
     {"flash", AttentionKind::flash},
 }};
 
-constexpr std::array<std::pair<std::string_view, Sharding>, 4> kShardings{{
+constexpr std::array<std::pair<std::string_view, Sharding>, 5> kShardings{{
     {"none", Sharding::none},
     {"zero1", Sharding::zero1},
     {"zero2", Sharding::zero2},
     {"zero3", Sharding::zero3},
+    {"torch-zero1", Sharding::torch_zero1},
 }};
 
 }  // namespace

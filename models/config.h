@@ -44,8 +44,9 @@ enum class EmptyCache : std::uint8_t { never, per_step };
 enum class InputMemory : std::uint8_t { pinned, pageable };
 // Data parallelism's sharding (models/data_parallel.h): none = DDP (replicated weights, grads
 // all-reduced in 25 MiB buckets); zero1 = + optimizer state (and fp32 master) sharded; zero2 =
-// + grads reduce-scattered; zero3 = + weights sharded, gathered per block (FSDP FULL_SHARD).
-enum class Sharding : std::uint8_t { none, zero1, zero2, zero3 };
+// + grads reduce-scattered; zero3 = + weights sharded, gathered per block (FSDP FULL_SHARD);
+// torch_zero1 = torch's ZeroRedundancyOptimizer over DDP (whole parameters per rank).
+enum class Sharding : std::uint8_t { none, zero1, zero2, zero3, torch_zero1 };
 
 // Activation checkpointing: a density in [0, 1] (fraction of blocks recomputed, evenly spaced),
 // first<density> (the same number of blocks, the first ones: which blocks are recomputed), sqrt

@@ -354,6 +354,11 @@ std::vector<Knob> make_table() {
                          &TrainConfig::data_parallel, {"1", "2"}, 65536));
   t.back().id_rule = IdRule::non_default;
   t.back().resolve = [](TrainConfig& c) -> std::optional<std::string> {
+    if (c.data_parallel > 1 && c.sharding == Sharding::torch_zero1 &&
+        c.offload == Offload::optimizer)
+      return std::string(
+          "offload optimizer with sharding torch-zero1 is not a PyTorch combination "
+          "(ZeroRedundancyOptimizer updates on the device): use zero1 for ZeRO-Offload");
     if (c.data_parallel > 1 && c.offload == Offload::params)
       return std::string(
           "offload params with data parallelism is not modelled (each rank would stream its "
@@ -366,7 +371,9 @@ std::vector<Knob> make_table() {
       "What data parallelism shards over the ranks: none (DDP: grads all-reduced in 25 MiB "
       "buckets), zero1 (+ optimizer state and fp32 master: DeepSpeed stage 1), zero2 (+ grads "
       "reduce-scattered: stage 2, FSDP SHARD_GRAD_OP), zero3 (+ weights, gathered per block: "
-      "stage 3, FSDP FULL_SHARD); each parameter split in ceil(n / dp) parts",
+      "stage 3, FSDP FULL_SHARD); each parameter split in ceil(n / dp) parts; torch-zero1: "
+      "torch's ZeroRedundancyOptimizer over DDP (whole parameters per rank, largest first to "
+      "the least loaded; DDP's buckets and full grads)",
       &TrainConfig::sharding, sharding_name, parse_sharding, sharding_names);
   sharding.id_rule = IdRule::non_default;
   sharding.applies = [](const TrainConfig& c) { return c.data_parallel > 1; };

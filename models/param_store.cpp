@@ -1,6 +1,7 @@
 #include "models/param_store.h"
 #include "models/splitmix.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -145,11 +146,26 @@ TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& 
     }
   }
   make_buckets();
+  if (layout_.ranks > 1 && place_.sharding == Sharding::torch_zero1) {
+    std::vector<int> order;
+    for (int i = 0; i < size(); ++i)
+      if (spec(i).trainable) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return shape_numel(spec(a).shape) > shape_numel(spec(b).shape);
+    });
+    owner_.assign(specs_.size(), -1);
+    std::vector<std::int64_t> load(static_cast<std::size_t>(layout_.ranks), 0);
+    for (int i : order) {
+      const auto r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      owner_[static_cast<std::size_t>(i)] = r;
+      load[static_cast<std::size_t>(r)] += shape_numel(spec(i).shape);
+    }
+  }
 }
 
 void TrainerParamStore::make_buckets() {
   // DDP allocates its buckets when it wraps the model (Reducer::initialize_buckets).
-  if (layout_.ranks == 1 || place_.sharding != Sharding::none) return;
+  if (!ddp()) return;
   for (const DdpBucket& b : ddp_buckets(specs_, place_.compute))
     buckets_.push_back(dev_.empty({b.numel}, place_.compute, Category::grads));
 }
@@ -277,7 +293,7 @@ void TrainerParamStore::reduce_scatter_grad(int index, Ops& ops) {
 void TrainerParamStore::reduce_grads(Ops& ops) {
   if (layout_.ranks == 1) return;
   ScopedRange range(dev_, "grad_reduce");
-  if (place_.sharding == Sharding::none) {
+  if (ddp()) {
     // DDP: each bucket gathers its grads, is all-reduced, and gives them back.
     const std::vector<DdpBucket> plan = ddp_buckets(specs_, place_.compute);
     for (std::size_t b = 0; b < plan.size(); ++b) {
@@ -403,6 +419,19 @@ Tensor& TrainerParamStore::fetch_grad(int index) {
 }
 
 void TrainerParamStore::publish(int index, Ops& device_ops, Ops* host_ops) {
+  if (owner_.empty()) return publish_local(index, device_ops, host_ops);
+  // torch-zero1: the owner updated it; every rank takes the owner's (zero.py _sync_params:
+  // one broadcast per parameter from its rank), the fp32 master too where there is one.
+  const int owner = owner_.at(static_cast<std::size_t>(index));
+  if (owner == layout_.rank) publish_local(index, device_ops, host_ops);
+  Slot& s = slot(index);
+  if (comm_.moves_data()) {
+    comm_.broadcast(s.weight, owner);
+    if (s.master.defined()) comm_.broadcast(s.master, owner);
+  }
+}
+
+void TrainerParamStore::publish_local(int index, Ops& device_ops, Ops* host_ops) {
   Slot& s = slot(index);
   if (sharded()) {
     // The rank's part is new: cast from the master into the weight's part, then (zero1/2)

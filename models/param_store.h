@@ -95,6 +95,18 @@ class TrainerParamStore final : public ParamStore {
   // DDP's broadcast_buffers: rank 0's buffers (batch-norm running stats) before a forward.
   void broadcast_buffers();
   const DataParallelLayout& layout() const { return layout_; }
+  // DDP underneath (sharding none or torch-zero1): buckets, buffers broadcast from rank 0.
+  bool ddp() const {
+    return layout_.ranks > 1 &&
+           (place_.sharding == Sharding::none || place_.sharding == Sharding::torch_zero1);
+  }
+  // Whether this rank updates parameter `index`: all of them, except under torch-zero1, where
+  // each parameter has one owner (torch 1.13 zero_redundancy_optimizer.py
+  // _partition_parameters: sorted by numel, largest first, each to the rank with the fewest
+  // elements so far, the lowest such rank on ties).
+  bool owns(int index) const {
+    return owner_.empty() || owner_.at(static_cast<std::size_t>(index)) == layout_.rank;
+  }
   // Under sharding: the first element of this rank's part of parameter `index`.
   std::int64_t part_offset(int index) const {
     return slots_.at(static_cast<std::size_t>(index)).offset;
@@ -160,7 +172,11 @@ class TrainerParamStore final : public ParamStore {
   Slot& slot(int index);
   bool streamed(int index) const;
   bool gathered(int index) const;  // zero3: a block weight, gathered per enter_block
-  bool sharded() const { return layout_.ranks > 1 && place_.sharding != Sharding::none; }
+  bool sharded() const {           // the per-parameter parts of zero1-3
+    return layout_.ranks > 1 && place_.sharding != Sharding::none &&
+           place_.sharding != Sharding::torch_zero1;
+  }
+  void publish_local(int index, Ops& device_ops, Ops* host_ops);
   void upload_weight(int index);  // host_weight -> device weight (compute stream)
   void gather_weight(int index);  // zero3: allocate the full weight and all-gather the parts
   void reduce_scatter_grad(int index, Ops& ops);
@@ -179,6 +195,7 @@ class TrainerParamStore final : public ParamStore {
   std::vector<Tensor> buckets_;  // DDP's gradient buckets (sharding none, several ranks)
   bool sync_ = true;
   std::vector<bool> prefetched_;  // zero3: blocks held by a backward prefetch
+  std::vector<int> owner_;        // torch-zero1: each parameter's rank (empty otherwise)
   void prefetch(int block);
 };
 

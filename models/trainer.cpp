@@ -139,7 +139,7 @@ StepResult Trainer::step() {
     MicroBatch mb = stage(first_sample(cfg_, steps_, comm_->rank(), m));
     {
       Phase phase(dev_, "forward");
-      if (several && store_.placement().sharding == Sharding::none) store_.broadcast_buffers();
+      if (store_.ddp()) store_.broadcast_buffers();
       store_.gather_root();
       Tensor losses = model_.forward(dev_, store_, mb.input, mb.targets, run_);
       store_.release_root();
@@ -220,8 +220,10 @@ void Trainer::optimizer_phase(bool& skipped) {
       for (int i = 0; i < store_.size(); ++i)
         if (store_.spec(i).trainable && store_.has_grad(i)) {
           Tensor& target = store_.update_target(i);
-          // A rank that owns none of a small parameter (more ranks than elements) skips it.
-          if (target.numel() > 0) items.push_back({i, &target, &store_.update_grad(i)});
+          // A rank that owns none of a small parameter (more ranks than elements), or not this
+          // whole parameter (torch-zero1), skips it.
+          if (target.numel() > 0 && store_.owns(i))
+            items.push_back({i, &target, &store_.update_grad(i)});
         }
       optimizer_->update_many(ops, items, inv_scale);
       // Every rank publishes every parameter (zero1/2 all-gather each one, owned or not).

@@ -80,6 +80,7 @@ TEST(EstimateFixture, EveryFigureIsAsRecorded) {
         estimate_memory(cfg, backend == "cuda" ? Backend::cuda : Backend::cpu, capacity);
     testing::json got = estimate_json(e);
     got.erase("seconds");
+    got.erase("resident_after_step");  // added after the fixture (data parallelism's formulas)
     testing::json want = p;
     for (const char* k : {"backend", "capacity", "config", "id"}) want.erase(k);
     EXPECT_EQ(got, want) << backend << " " << id << ": " << testing::json::diff(want, got).dump();

@@ -42,7 +42,7 @@ import pytest
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None,
                                 reason="Open MPI's mpirun is not installed (ci/setup.sh)")
 
-SHARDINGS = ["none", "zero1", "zero2", "zero3"]
+SHARDINGS = ["none", "zero1", "zero2", "zero3", "torch-zero1"]
 RTOL = 1e-5
 
 
@@ -98,6 +98,12 @@ CASES = [
                          ids=[f"{m}{''.join(c)}" for m, c, _ in CASES])
 def test_dp2_equals_dp1(memtrade_bin, tmp_path, sharding, model, common, ref_flags):
     common = [*common, "--optimizer", "sgd-momentum"]
+    if sharding == "torch-zero1" and "--offload" in common:
+        # Not a PyTorch combination (ZeroRedundancyOptimizer updates on the device): exit 2.
+        r = subprocess.run([memtrade_bin, "step", "--model", model, *common, "--dp", "2",
+                            "--sharding", sharding], capture_output=True, text=True)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        return
     ref = tmp_path / "dp1"
     meta = dump(memtrade_bin, ref, "--model", model, *common, *ref_flags)
     out = tmp_path / "dp2"
@@ -141,17 +147,23 @@ def test_dp2_adam_equals_dp1(memtrade_bin, tmp_path, sharding, model):
 
 
 def test_per_rank_memory_is_predicted_exactly(memtrade_bin, tmp_path):
-    grid = tmp_path / "dp.toml"
-    grid.write_text(
-        '[run]\nwarmup = 1\nsteps = 1\n[axes]\nmodel = ["gpt-tiny", "llama-tiny"]\n'
-        'batch_size = [4]\ndata_parallel = [2]\nprecision = ["fp32", "bf16-o2"]\n'
-        'sharding = ["none", "zero1", "zero2", "zero3"]\noffload = ["none", "optimizer"]\n')
-    out = tmp_path / "dp.json"
-    r = subprocess.run([memtrade_bin, "run", "--grid", str(grid), "--backend", "cpu",
-                        "--out", str(out), "--quiet"], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    points = json.loads(out.read_text())["points"]
-    assert len(points) == 32
+    base = ('[run]\nwarmup = 1\nsteps = 1\n[axes]\nmodel = ["gpt-tiny", "llama-tiny"]\n'
+            'batch_size = [4]\ndata_parallel = [2]\nprecision = ["fp32", "bf16-o2"]\n')
+    grids = {  # every stage; ZeRO-Offload with the stages that take it
+        "stages": base + f"sharding = {json.dumps(SHARDINGS)}\n",
+        "offload": base + 'sharding = ["none", "zero1", "zero2", "zero3"]\noffload = ["optimizer"]\n',
+    }
+    points = []
+    for name, text in grids.items():
+        grid = tmp_path / f"{name}.toml"
+        grid.write_text(text)
+        out = tmp_path / f"{name}.json"
+        r = subprocess.run([memtrade_bin, "run", "--grid", str(grid), "--backend", "cpu",
+                            "--out", str(out), "--quiet"], capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        points += json.loads(out.read_text())["points"]
+    assert len(points) == 4 * len(SHARDINGS) + 16
     peaks = {}
     for p in points:
         assert p["status"] == "ok", p
@@ -166,7 +178,7 @@ def test_per_rank_memory_is_predicted_exactly(memtrade_bin, tmp_path):
     # Each stage holds less than the one before it (these models are all model states).
     for model in ("gpt-tiny", "llama-tiny"):
         for prec in ("fp32", "bf16-o2"):
-            stages = [peaks[(model, prec, s)] for s in SHARDINGS]
+            stages = [peaks[(model, prec, s)] for s in ("none", "zero1", "zero2")]
             assert stages[2] <= stages[1] < stages[0], (model, prec, stages)
 
 
@@ -186,6 +198,24 @@ def test_ddp_bytes_match_pytorch_ddp(memtrade_bin, model):
     torch_ranks = ddp_reference.measure(model, "adam", "ddp")
     for t in torch_ranks:
         m = resident(memtrade_bin, t["rank"], "--model", model, "--dp", "2")
+        want = {"params": t["params_512"] + t["buffers_512"],
+                "grads": t["grads_512"] + t["bucket_bytes_512"],
+                "optimizer": t["optimizer_state_512"]}
+        for cat, w in want.items():
+            assert abs(m[cat] - w) <= 0.01 * w, (model, t["rank"], cat, m[cat], w)
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny"])
+def test_torch_zero1_bytes_match_pytorch_zero_redundancy_optimizer(memtrade_bin, model):
+    """--sharding torch-zero1 against torch 1.13's ZeroRedundancyOptimizer over DDP on 2 gloo
+    ranks: the same whole parameters per rank, so each rank's parameters, grads with DDP's
+    buckets and Adam state; 1%. (On gpt-small the state is made into blocks that backward freed
+    and some large ones stay whole: the allocator's figures exceed the tensors' bytes by up to
+    3.5%, which a CPU run of PyTorch, with no caching allocator to read, cannot show.)"""
+    import ddp_reference
+    for t in ddp_reference.measure(model, "adam", "zero"):
+        m = resident(memtrade_bin, t["rank"], "--model", model, "--dp", "2", "--sharding",
+                     "torch-zero1")
         want = {"params": t["params_512"] + t["buffers_512"],
                 "grads": t["grads_512"] + t["bucket_bytes_512"],
                 "optimizer": t["optimizer_state_512"]}
