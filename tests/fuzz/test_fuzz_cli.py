@@ -53,6 +53,12 @@ def _limit():
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
 
+# Data-parallel points start ranks; generated rank counts (7, 64) are refused by the fuzzer's
+# launcher rather than started on CI's 2 cores (tests/fuzz/launch_ranks.sh).
+os.environ.setdefault(
+    "MEMTRADE_LAUNCHER", f"bash {pathlib.Path(__file__).resolve().parent / 'launch_ranks.sh'} {{n}}")
+
+
 class Case:
     """One run of the binary and the verdict on it (the first broken rule, or "clean")."""
 
