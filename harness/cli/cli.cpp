@@ -1,11 +1,14 @@
 #include "harness/cli/cli.h"
 #include "harness/common/bad_input.h"
 
+#include <unistd.h>
+
 #include <toml++/toml.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -31,6 +34,16 @@ std::vector<std::string> g_args;  // this invocation's arguments, after the prog
 // A data-parallel step started by hand: the same command again, as `ranks` ranks under the
 // site's MPI launcher (harness/common/launch.h); its exit code is the ranks' (mpirun's: the
 // first failing rank's).
+// A rank that fails must not wait for the others in MPI_Finalize (they may be blocked in a
+// collective for it): it ends the job (MPI_Abort), after its one line is out.
+int rank_exit(int code) {
+  if (code != 0 && launched_by_mpi()) {
+    std::fflush(nullptr);
+    abort_ranks(code);
+  }
+  return code;
+}
+
 int run_as_ranks(int ranks, int threads) {
   std::vector<std::string> args{self_executable().string()};
   args.insert(args.end(), g_args.begin(), g_args.end());
@@ -38,7 +51,27 @@ int run_as_ranks(int ranks, int threads) {
   SpawnOptions so;
   so.env = rank_env(ranks, threads);
   so.search_path = true;
+  // The ranks' stderr, read after: a failed job says its one line once (each rank prints it, and
+  // the launcher adds its banner); a job that succeeded passes on whatever the ranks wrote.
+  struct TempFile {
+    std::filesystem::path path;
+    ~TempFile() {
+      std::error_code ec;
+      std::filesystem::remove(path, ec);
+    }
+  } err{std::filesystem::temp_directory_path() / fmt::format("memtrade-{}.ranks.err", getpid())};
+  so.stderr_file = err.path;
   const ChildOutcome o = spawn(argv, so);
+  std::ifstream in(err.path);
+  std::vector<std::string> lines, ours;
+  for (std::string line; std::getline(in, line);) {
+    lines.push_back(line);
+    if (line.starts_with("memtrade: ") && std::find(ours.begin(), ours.end(), line) == ours.end())
+      ours.push_back(line);
+  }
+  const bool failed = o.kind != ChildOutcome::Kind::exited || o.exit_code != 0;
+  for (const std::string& line : failed && !ours.empty() ? ours : lines)
+    std::fprintf(stderr, "%s\n", line.c_str());
   if (o.kind == ChildOutcome::Kind::exited && o.exit_code == 127)
     throw BadInput(
         fmt::format("--dp {}: the launcher '{}' could not be started (Open MPI's mpirun "
@@ -161,19 +194,19 @@ int cli_main(int argc, char** argv) {
     return 0;
   } catch (const BadInput& e) {
     std::fprintf(stderr, "memtrade: %s\n", one_line(e.what()).c_str());
-    return 2;
+    return rank_exit(2);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "memtrade: %s\n", one_line(e.what()).c_str());
-    return 2;
+    return rank_exit(2);
   } catch (const OutOfMemory& e) {
     std::fprintf(stderr, "memtrade: %s\n", one_line(e.what()).c_str());
-    return 3;
+    return rank_exit(3);
   } catch (const std::bad_alloc&) {  // host memory, outside the allocator: an OOM all the same
     std::fprintf(stderr, "memtrade: out of memory: host memory exhausted (std::bad_alloc)\n");
-    return 3;
+    return rank_exit(3);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memtrade: error: %s\n", one_line(e.what()).c_str());
-    return 1;
+    return rank_exit(1);
   }
 }
 
