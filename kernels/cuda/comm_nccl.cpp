@@ -2,14 +2,19 @@
 // device's compute stream (so it orders with the kernels around it, as torch's
 // ProcessGroupNCCL does on its own stream with events). The unique id is made by rank 0 and
 // broadcast over MPI, as llm.c does it; host values (losses, times, flags) go over MPI too.
+//
+// libnccl (218 MB) is opened when a data-parallel CUDA point first needs it (dlopen), not linked:
+// every other run, and the GPU check's bundle (64 MiB), goes without it.
 #include "kernels/comm.h"
 
 #include <stdexcept>
+#include <type_traits>
 
 #include <fmt/format.h>
 
 #ifdef MEMTRADE_HAVE_NCCL
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <mpi.h>
 #include <nccl.h>
 
@@ -22,9 +27,64 @@ namespace memtrade {
 
 namespace {
 
+// The NCCL entry points this backend calls, from the library opened at first use.
+struct Nccl {
+#define MEMTRADE_NCCL_FN(name) decltype(&::name) name = nullptr;
+  MEMTRADE_NCCL_FN(ncclGetErrorString)
+  MEMTRADE_NCCL_FN(ncclGetVersion)
+  MEMTRADE_NCCL_FN(ncclGetUniqueId)
+  MEMTRADE_NCCL_FN(ncclCommInitRank)
+  MEMTRADE_NCCL_FN(ncclCommDestroy)
+  MEMTRADE_NCCL_FN(ncclAllReduce)
+  MEMTRADE_NCCL_FN(ncclReduce)
+  MEMTRADE_NCCL_FN(ncclBroadcast)
+  MEMTRADE_NCCL_FN(ncclSend)
+  MEMTRADE_NCCL_FN(ncclRecv)
+  MEMTRADE_NCCL_FN(ncclGroupStart)
+  MEMTRADE_NCCL_FN(ncclGroupEnd)
+#undef MEMTRADE_NCCL_FN
+};
+
+// libnccl.so.2 (LD_LIBRARY_PATH: the CUDA toolkit's, or pip's nvidia-nccl); null if absent.
+const Nccl* nccl_library() {
+  static const Nccl* lib = []() -> const Nccl* {
+    void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) h = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) return nullptr;
+    static Nccl n;
+    bool ok = true;
+    auto get = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+      ok = ok && fn != nullptr;
+    };
+    get(n.ncclGetErrorString, "ncclGetErrorString");
+    get(n.ncclGetVersion, "ncclGetVersion");
+    get(n.ncclGetUniqueId, "ncclGetUniqueId");
+    get(n.ncclCommInitRank, "ncclCommInitRank");
+    get(n.ncclCommDestroy, "ncclCommDestroy");
+    get(n.ncclAllReduce, "ncclAllReduce");
+    get(n.ncclReduce, "ncclReduce");
+    get(n.ncclBroadcast, "ncclBroadcast");
+    get(n.ncclSend, "ncclSend");
+    get(n.ncclRecv, "ncclRecv");
+    get(n.ncclGroupStart, "ncclGroupStart");
+    get(n.ncclGroupEnd, "ncclGroupEnd");
+    return ok ? &n : nullptr;
+  }();
+  return lib;
+}
+
+const Nccl& nccl() {
+  const Nccl* n = nccl_library();
+  if (n == nullptr)
+    throw std::runtime_error(
+        "data parallelism on CUDA needs NCCL: libnccl.so.2 was not found (LD_LIBRARY_PATH)");
+  return *n;
+}
+
 void check(ncclResult_t rc, const char* what) {
   if (rc != ncclSuccess)
-    throw std::runtime_error(fmt::format("NCCL {}: {}", what, ncclGetErrorString(rc)));
+    throw std::runtime_error(fmt::format("NCCL {}: {}", what, nccl().ncclGetErrorString(rc)));
 }
 
 ncclDataType_t nccl_type(DType t) {
@@ -51,12 +111,12 @@ class NcclComm final : public Comm {
   explicit NcclComm(Device& dev)
       : host_(make_mpi_comm()), stream_(cuda::raw_stream(dev, StreamKind::compute)) {
     ncclUniqueId id;
-    if (host_->rank() == 0) check(ncclGetUniqueId(&id), "get_unique_id");
+    if (host_->rank() == 0) check(nccl().ncclGetUniqueId(&id), "get_unique_id");
     if (MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
       throw std::runtime_error("NCCL: broadcasting the unique id over MPI failed");
-    check(ncclCommInitRank(&comm_, host_->size(), id, host_->rank()), "comm_init_rank");
+    check(nccl().ncclCommInitRank(&comm_, host_->size(), id, host_->rank()), "comm_init_rank");
   }
-  ~NcclComm() override { ncclCommDestroy(comm_); }
+  ~NcclComm() override { nccl().ncclCommDestroy(comm_); }
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
   CommBackend backend() const override { return CommBackend::nccl; }
@@ -66,23 +126,23 @@ class NcclComm final : public Comm {
   }
 
   void all_reduce(Tensor& t) override {
-    check(ncclAllReduce(t.data(), t.data(), static_cast<std::size_t>(t.numel()),
-                        nccl_type(t.dtype()), ncclSum, comm_, stream_),
+    check(nccl().ncclAllReduce(t.data(), t.data(), static_cast<std::size_t>(t.numel()),
+                               nccl_type(t.dtype()), ncclSum, comm_, stream_),
           "all_reduce");
   }
   // Uneven parts: one rooted reduce per part in a group (ncclReduceScatter takes equal parts).
   void reduce_scatter(const Tensor& full, Tensor& part,
                       std::span<const std::int64_t> counts) override {
-    check(ncclGroupStart(), "group_start");
+    check(nccl().ncclGroupStart(), "group_start");
     std::int64_t off = 0;
     for (int r = 0; r < size(); ++r) {
       const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
-      check(ncclReduce(at(full, off), r == rank() ? part.data() : nullptr, n,
-                       nccl_type(full.dtype()), ncclSum, r, comm_, stream_),
+      check(nccl().ncclReduce(at(full, off), r == rank() ? part.data() : nullptr, n,
+                              nccl_type(full.dtype()), ncclSum, r, comm_, stream_),
             "reduce");
       off += static_cast<std::int64_t>(n);
     }
-    check(ncclGroupEnd(), "group_end");
+    check(nccl().ncclGroupEnd(), "group_end");
   }
   void all_gather(const Tensor& part, Tensor& full, std::span<const std::int64_t> counts) override {
     gather(part.data(), full, counts);
@@ -91,23 +151,25 @@ class NcclComm final : public Comm {
     gather(at(full, part_offset(counts, rank())), full, counts);
   }
   void broadcast(Tensor& t, int root) override {
-    check(ncclBroadcast(t.data(), t.data(), static_cast<std::size_t>(t.numel()),
-                        nccl_type(t.dtype()), root, comm_, stream_),
+    check(nccl().ncclBroadcast(t.data(), t.data(), static_cast<std::size_t>(t.numel()),
+                               nccl_type(t.dtype()), root, comm_, stream_),
           "broadcast");
   }
   void all_to_all(const Tensor& in, std::span<const std::int64_t> send, Tensor& out,
                   std::span<const std::int64_t> recv) override {
-    check(ncclGroupStart(), "group_start");
+    check(nccl().ncclGroupStart(), "group_start");
     std::int64_t so = 0, ro = 0;
     for (int r = 0; r < size(); ++r) {
       const auto s = static_cast<std::size_t>(send[static_cast<std::size_t>(r)]);
       const auto n = static_cast<std::size_t>(recv[static_cast<std::size_t>(r)]);
-      if (s > 0) check(ncclSend(at(in, so), s, nccl_type(in.dtype()), r, comm_, stream_), "send");
-      if (n > 0) check(ncclRecv(at(out, ro), n, nccl_type(out.dtype()), r, comm_, stream_), "recv");
+      if (s > 0)
+        check(nccl().ncclSend(at(in, so), s, nccl_type(in.dtype()), r, comm_, stream_), "send");
+      if (n > 0)
+        check(nccl().ncclRecv(at(out, ro), n, nccl_type(out.dtype()), r, comm_, stream_), "recv");
       so += static_cast<std::int64_t>(s);
       ro += static_cast<std::int64_t>(n);
     }
-    check(ncclGroupEnd(), "group_end");
+    check(nccl().ncclGroupEnd(), "group_end");
   }
   void barrier() override {
     cudaStreamSynchronize(stream_);
@@ -122,16 +184,16 @@ class NcclComm final : public Comm {
  private:
   // Uneven parts: one broadcast per part in a group (ncclAllGather takes equal parts).
   void gather(const void* mine, Tensor& full, std::span<const std::int64_t> counts) {
-    check(ncclGroupStart(), "group_start");
+    check(nccl().ncclGroupStart(), "group_start");
     std::int64_t off = 0;
     for (int r = 0; r < size(); ++r) {
       const auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
-      check(ncclBroadcast(r == rank() ? mine : nullptr, at(full, off), n, nccl_type(full.dtype()),
-                          r, comm_, stream_),
+      check(nccl().ncclBroadcast(r == rank() ? mine : nullptr, at(full, off), n,
+                                 nccl_type(full.dtype()), r, comm_, stream_),
             "broadcast");
       off += static_cast<std::int64_t>(n);
     }
-    check(ncclGroupEnd(), "group_end");
+    check(nccl().ncclGroupEnd(), "group_end");
   }
 
   std::unique_ptr<Comm> host_;
@@ -147,8 +209,10 @@ std::unique_ptr<Comm> make_nccl_comm(Device& device) {
 }
 
 std::string nccl_library_version() {
+  const Nccl* n = nccl_library();
+  if (n == nullptr) return "not found (libnccl.so.2, opened at first use)";
   int v = 0;
-  ncclGetVersion(&v);
+  n->ncclGetVersion(&v);
   return fmt::format("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
 }
 
