@@ -84,6 +84,7 @@ CASES = [
     ("llama-tiny", [], ["--batch-size", "8"]),            # GQA (n_kv_head < n_head)
     ("gpt-tiny", ["--checkpoint", "1"], ["--batch-size", "8"]),
     ("llama-tiny", ["--checkpoint", "selective"], ["--batch-size", "8"]),
+    ("llama-tiny", ["--attention", "flash", "--seq-len", "16"], ["--batch-size", "8"]),
     ("gpt-tiny", ["--precision", "bf16"], ["--batch-size", "4", "--accumulation", "2"]),
     ("llama-tiny", ["--precision", "bf16-o2"], ["--batch-size", "4", "--accumulation", "2"]),
     # fp16 with loss scaling: the overflow check is all-reduced, every rank skips or none does.
