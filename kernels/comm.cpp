@@ -7,12 +7,18 @@
 
 namespace memtrade {
 
-std::vector<std::int64_t> even_parts(std::int64_t numel, int ranks) {
+Part even_part(std::int64_t numel, int ranks, int rank) {
   if (ranks < 1) throw std::invalid_argument(fmt::format("even_parts: {} ranks", ranks));
   const std::int64_t per = (numel + ranks - 1) / ranks;
-  std::vector<std::int64_t> out(static_cast<std::size_t>(ranks));
-  for (int r = 0; r < ranks; ++r)
-    out[static_cast<std::size_t>(r)] = std::clamp<std::int64_t>(numel - r * per, 0, per);
+  const std::int64_t offset = std::min(numel, per * rank);
+  return Part{offset, std::min(per, numel - offset)};
+}
+
+std::vector<std::int64_t> even_parts(std::int64_t numel, int ranks) {
+  if (ranks < 1) throw std::invalid_argument(fmt::format("even_parts: {} ranks", ranks));
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) out.push_back(even_part(numel, ranks, r).count);
   return out;
 }
 

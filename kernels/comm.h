@@ -66,7 +66,12 @@ class Comm {
 };
 
 // The parts of `numel` elements over `ranks` ranks: ceil(numel / ranks) each, the last ones
-// shorter or empty. Their sum is numel.
+// shorter or empty. Their sum is numel. even_part is rank `rank`'s alone (O(1), for the meta
+// device's thousands of ranks): its first element and its count.
+struct Part {
+  std::int64_t offset = 0, count = 0;
+};
+Part even_part(std::int64_t numel, int ranks, int rank);
 std::vector<std::int64_t> even_parts(std::int64_t numel, int ranks);
 std::int64_t part_offset(std::span<const std::int64_t> counts, int rank);
 

@@ -92,10 +92,9 @@ TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& 
       continue;
     }
     if (sharded()) {
-      const std::int64_t n = shape_numel(spec.shape);
-      const std::int64_t per = (n + layout_.ranks - 1) / layout_.ranks;
-      s.offset = std::min(n, per * layout_.rank);
-      s.part = std::min(per, n - s.offset);
+      const Part p = even_part(shape_numel(spec.shape), layout_.ranks, layout_.rank);
+      s.offset = p.offset;
+      s.part = p.count;
     }
     // This rank's part of the initial values (every rank draws the whole parameter: the same
     // values as one rank would have).
@@ -166,7 +165,8 @@ TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& 
 void TrainerParamStore::make_buckets() {
   // DDP allocates its buckets when it wraps the model (Reducer::initialize_buckets).
   if (!ddp()) return;
-  for (const DdpBucket& b : ddp_buckets(specs_, place_.compute))
+  bucket_plan_ = ddp_buckets(specs_, place_.compute);
+  for (const DdpBucket& b : bucket_plan_)
     buckets_.push_back(dev_.empty({b.numel}, place_.compute, Category::grads));
 }
 
@@ -295,7 +295,7 @@ void TrainerParamStore::reduce_grads(Ops& ops) {
   ScopedRange range(dev_, "grad_reduce");
   if (ddp()) {
     // DDP: each bucket gathers its grads, is all-reduced, and gives them back.
-    const std::vector<DdpBucket> plan = ddp_buckets(specs_, place_.compute);
+    const std::vector<DdpBucket>& plan = bucket_plan_;
     for (std::size_t b = 0; b < plan.size(); ++b) {
       Tensor& bucket = buckets_[b];
       auto* base = static_cast<unsigned char*>(bucket.data());
@@ -445,17 +445,8 @@ void TrainerParamStore::publish_local(int index, Ops& device_ops, Ops* host_ops)
       if (!place_.host_update()) {
         device_ops.cast(*weight_part, s.master);
       } else {
-        // ZeRO-Offload: the host part, cast on the host where the dtypes differ, to the device.
         if (host_ops == nullptr) throw std::logic_error("publish: host update without host ops");
-        const Tensor* src = &s.master;
-        if (s.master.dtype() != weight_part->dtype()) {
-          staging_.push_back(
-              dev_.empty_pinned({s.part}, weight_part->dtype(), Category::temporaries));
-          host_ops->cast(staging_.back(), s.master);
-          src = &staging_.back();
-        }
-        dev_.copy(weight_part->data(), src->data(), weight_part->nbytes(), CopyKind::host_to_device,
-                  StreamKind::compute);
+        upload_from_host(*weight_part, s.master, *host_ops);  // ZeRO-Offload of the rank's part
       }
     }
     if (place_.sharding != Sharding::zero3 && comm_.moves_data())
@@ -472,16 +463,17 @@ void TrainerParamStore::publish_local(int index, Ops& device_ops, Ops* host_ops)
     if (!streamed(index)) upload_weight(index);  // resident non-block weight
     return;                                      // block weights are read at the next enter
   }
-  // offload=optimizer: the host copy goes to the device weight, cast first if the dtypes differ.
-  const Tensor* src = &s.master;
-  if (s.master.dtype() != s.weight.dtype()) {
-    staging_.push_back(
-        dev_.empty_pinned(s.weight.shape(), s.weight.dtype(), Category::temporaries));
-    host_ops->cast(staging_.back(), s.master);
+  upload_from_host(s.weight, s.master, *host_ops);  // offload=optimizer
+}
+
+void TrainerParamStore::upload_from_host(Tensor& dst, const Tensor& host, Ops& host_ops) {
+  const Tensor* src = &host;
+  if (host.dtype() != dst.dtype()) {  // cast on the host first, into pinned staging
+    staging_.push_back(dev_.empty_pinned(dst.shape(), dst.dtype(), Category::temporaries));
+    host_ops.cast(staging_.back(), host);
     src = &staging_.back();
   }
-  dev_.copy(s.weight.data(), src->data(), s.weight.nbytes(), CopyKind::host_to_device,
-            StreamKind::compute);
+  dev_.copy(dst.data(), src->data(), dst.nbytes(), CopyKind::host_to_device, StreamKind::compute);
 }
 
 void TrainerParamStore::finish_publish() {

@@ -178,6 +178,9 @@ class TrainerParamStore final : public ParamStore {
   }
   void publish_local(int index, Ops& device_ops, Ops* host_ops);
   void upload_weight(int index);  // host_weight -> device weight (compute stream)
+  // A host copy into a device tensor (compute stream), cast on the host first where the dtypes
+  // differ (the staging lives until finish_publish).
+  void upload_from_host(Tensor& dst, const Tensor& host, Ops& host_ops);
   void gather_weight(int index);  // zero3: allocate the full weight and all-gather the parts
   void reduce_scatter_grad(int index, Ops& ops);
   void make_buckets();
@@ -192,7 +195,8 @@ class TrainerParamStore final : public ParamStore {
   std::vector<Tensor> staging_;                 // pinned casts in flight until finish_publish
   Comm& comm_;
   DataParallelLayout layout_;
-  std::vector<Tensor> buckets_;  // DDP's gradient buckets (sharding none, several ranks)
+  std::vector<DdpBucket> bucket_plan_;  // DDP's buckets (none, torch-zero1): which grads
+  std::vector<Tensor> buckets_;         // and their flat buffers, one per bucket
   bool sync_ = true;
   std::vector<bool> prefetched_;  // zero3: blocks held by a backward prefetch
   std::vector<int> owner_;        // torch-zero1: each parameter's rank (empty otherwise)

@@ -8,7 +8,6 @@
 #include "kernels/comm.h"
 
 #include <stdexcept>
-#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -27,25 +26,23 @@ namespace memtrade {
 
 namespace {
 
-// The NCCL entry points this backend calls, from the library opened at first use.
+// The NCCL entry points this backend calls (one list: the struct's members and their lookup),
+// from the library opened at first use.
+// clang-format off
+#define MEMTRADE_NCCL_FUNCTIONS(X)                                                          \
+  X(ncclGetErrorString) X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank)            \
+  X(ncclCommDestroy) X(ncclAllReduce) X(ncclReduce) X(ncclBroadcast) X(ncclSend)            \
+  X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd)
+// clang-format on
+
 struct Nccl {
-#define MEMTRADE_NCCL_FN(name) decltype(&::name) name = nullptr;
-  MEMTRADE_NCCL_FN(ncclGetErrorString)
-  MEMTRADE_NCCL_FN(ncclGetVersion)
-  MEMTRADE_NCCL_FN(ncclGetUniqueId)
-  MEMTRADE_NCCL_FN(ncclCommInitRank)
-  MEMTRADE_NCCL_FN(ncclCommDestroy)
-  MEMTRADE_NCCL_FN(ncclAllReduce)
-  MEMTRADE_NCCL_FN(ncclReduce)
-  MEMTRADE_NCCL_FN(ncclBroadcast)
-  MEMTRADE_NCCL_FN(ncclSend)
-  MEMTRADE_NCCL_FN(ncclRecv)
-  MEMTRADE_NCCL_FN(ncclGroupStart)
-  MEMTRADE_NCCL_FN(ncclGroupEnd)
-#undef MEMTRADE_NCCL_FN
+#define MEMTRADE_NCCL_MEMBER(name) decltype(&::name) name = nullptr;
+  MEMTRADE_NCCL_FUNCTIONS(MEMTRADE_NCCL_MEMBER)
+#undef MEMTRADE_NCCL_MEMBER
 };
 
-// libnccl.so.2 (LD_LIBRARY_PATH: the CUDA toolkit's, or pip's nvidia-nccl); null if absent.
+// libnccl.so.2 (LD_LIBRARY_PATH: the CUDA toolkit's, or pip's nvidia-nccl); null if absent or
+// missing one of the functions.
 const Nccl* nccl_library() {
   static const Nccl* lib = []() -> const Nccl* {
     void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
@@ -53,22 +50,11 @@ const Nccl* nccl_library() {
     if (h == nullptr) return nullptr;
     static Nccl n;
     bool ok = true;
-    auto get = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
-      ok = ok && fn != nullptr;
-    };
-    get(n.ncclGetErrorString, "ncclGetErrorString");
-    get(n.ncclGetVersion, "ncclGetVersion");
-    get(n.ncclGetUniqueId, "ncclGetUniqueId");
-    get(n.ncclCommInitRank, "ncclCommInitRank");
-    get(n.ncclCommDestroy, "ncclCommDestroy");
-    get(n.ncclAllReduce, "ncclAllReduce");
-    get(n.ncclReduce, "ncclReduce");
-    get(n.ncclBroadcast, "ncclBroadcast");
-    get(n.ncclSend, "ncclSend");
-    get(n.ncclRecv, "ncclRecv");
-    get(n.ncclGroupStart, "ncclGroupStart");
-    get(n.ncclGroupEnd, "ncclGroupEnd");
+#define MEMTRADE_NCCL_LOOKUP(name)                               \
+  n.name = reinterpret_cast<decltype(&::name)>(dlsym(h, #name)); \
+  ok = ok && n.name != nullptr;
+    MEMTRADE_NCCL_FUNCTIONS(MEMTRADE_NCCL_LOOKUP)
+#undef MEMTRADE_NCCL_LOOKUP
     return ok ? &n : nullptr;
   }();
   return lib;
