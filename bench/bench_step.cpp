@@ -13,6 +13,8 @@
 //              --benchmark_enable_random_interleaving=true --benchmark_repetitions=10
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <ctime>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -78,13 +80,20 @@ void BM_TrainStep(benchmark::State& state, const char* settings) {
 // FLOP/s over the FMA peak of as many cores at the path's vector width (bench/fma_peak.h,
 // measured in this process: 256-bit for avx2, 512-bit for avx512; for blas, the widest the CPU
 // has under MEMTRADE_ISA, since OpenBLAS chooses its own kernels).
-constexpr std::int64_t kConvPixels = 64;  // the conv row's images: 8 x 8
+
+// The CPU time of every thread of this process, in seconds.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 void BM_LargestGemm(benchmark::State& state) {
   const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const bool trans_a = (state.range(3) & 1) != 0, trans_b = (state.range(3) & 2) != 0;
   const auto path = static_cast<cpu::GemmPath>(state.range(4));
   const int threads = static_cast<int>(state.range(5));
+  const std::int64_t pixels = state.range(6);  // a conv row's pixels per image
   if (!cpu::gemm_available(path)) {
     state.SkipWithError("this CPU lacks the GEMM path");
     return;
@@ -104,7 +113,7 @@ void BM_LargestGemm(benchmark::State& state) {
       c(static_cast<std::size_t>(m * n));
   for (auto& x : a) x = d(g);
   for (auto& x : b) x = d(g);
-  // trans 4: a convolution's GEMM as conv2d runs it, one image of kConvPixels pixels at a time
+  // trans 4: a convolution's GEMM as conv2d runs it, one image of `pixels` pixels at a time
   // (C: its (m, pixels) output plane). On an own path the weight is packed once per op
   // (PackedA) and each im2col tile of `width` pixels is already a B panel, read in place; on blas
   // each image is one GEMM.
@@ -117,25 +126,26 @@ void BM_LargestGemm(benchmark::State& state) {
     if (!panels) throw std::bad_alloc();
     std::copy(b.begin(), b.end(), panels.get());
   }
+  const double cpu0 = process_cpu_seconds();
   for (auto _ : state) {
     if (conv && own) {
       const cpu::PackedA packed(false, m, k, a.data(), k);
-      for (std::int64_t img = 0; img < n / kConvPixels; ++img)
-        for (std::int64_t j = 0; j < kConvPixels; j += width)
-          cpu::own_sgemm(packed, 0, m, false, width, 1.0f,
-                         panels.get() + (img * kConvPixels + j) * k, width, 0.0f,
-                         c.data() + img * m * kConvPixels + j, kConvPixels);
+      for (std::int64_t img = 0; img < n / pixels; ++img)
+        for (std::int64_t j = 0; j < pixels; j += width)
+          cpu::own_sgemm(packed, 0, m, false, std::min(width, pixels - j), 1.0f,
+                         panels.get() + (img * pixels + j) * k, width, 0.0f,
+                         c.data() + img * m * pixels + j, pixels);
     } else if (conv) {
-      for (std::int64_t img = 0; img < n / kConvPixels; ++img)
-        cpu::sgemm(false, false, m, kConvPixels, k, 1.0f, a.data(), k,
-                   b.data() + img * kConvPixels * k, kConvPixels, 0.0f,
-                   c.data() + img * m * kConvPixels, kConvPixels);
+      for (std::int64_t img = 0; img < n / pixels; ++img)
+        cpu::sgemm(false, false, m, pixels, k, 1.0f, a.data(), k, b.data() + img * pixels * k,
+                   pixels, 0.0f, c.data() + img * m * pixels, pixels);
     } else {
       cpu::sgemm(trans_a, trans_b, m, n, k, 1.0f, a.data(), trans_a ? m : k, b.data(),
                  trans_b ? k : n, 0.0f, c.data(), n);
     }
     benchmark::DoNotOptimize(c.data());
   }
+  const double cpu_s = process_cpu_seconds() - cpu0;
   cpu::set_gemm_path(before);
   const double flop = 2.0 * static_cast<double>(m * n * k);
   state.counters["FLOP/s"] =
@@ -145,19 +155,24 @@ void BM_LargestGemm(benchmark::State& state) {
   static const double peak[2] = {bench::fma_peak_flops(bench::FmaIsa::avx2),
                                  bench::fma_peak_flops(bench::FmaIsa::avx512)};
   const double core_peak = peak[wide ? 1 : 0];
-  if (core_peak > 0.0)
-    state.counters["of_peak"] = benchmark::Counter(flop / (core_peak * threads),
-                                                   benchmark::Counter::kIsIterationInvariantRate);
+  // Per core, by CPU time (every thread's): FLOPs over the CPU seconds spent is the rate of a
+  // core while it ran this GEMM, which a shared machine's waits for a core do not dilute (the
+  // peak is measured the same way, bench/fma_peak.h).
+  const double total = flop * static_cast<double>(state.iterations());
+  if (cpu_s > 0.0) state.counters["core_FLOP/s"] = total / cpu_s;
+  if (core_peak > 0.0 && cpu_s > 0.0) state.counters["of_peak"] = total / cpu_s / core_peak;
 }
 
 // The large GEMMs of the `make peer` models' fp32 steps, as the linear ops call them (forward
 // C = X·Wᵀ: trans 2; the input gradient dX = dY·W: 0; the weight gradient dW = dYᵀ·X: 1), and a
 // convolution's forward as conv2d calls it (trans 4): cnn-small's widest layer, 128 channels
-// from 128·3·3 over 32 images of 8 x 8. Each on every path, one thread and two (the conv row on
-// one: conv2d splits its tiles among the threads itself).
+// from 128·3·3 over 32 images of 8 x 8, and its first block's, 32 channels from 32·3·3 over
+// images of 32 x 32 (its weight gradient, per image, is trans 2 with m = 32). Each on every path,
+// one thread and two (the conv row on one: conv2d splits its tiles among the threads itself).
 struct GemmShape {
   const char* name;
   std::int64_t m, n, k, trans;
+  std::int64_t pixels = 0;  // a convolution's (trans 4): pixels per image
 };
 constexpr GemmShape kLargestGemms[] = {
     {"gpt_small_b4/lm_head", 1024, 8192, 384, 2},     // the largest: B·T × V × C
@@ -168,7 +183,9 @@ constexpr GemmShape kLargestGemms[] = {
     {"gpt_mini_b8/fc", 512, 512, 128, 2},             //
     {"mlp_small_b64/hidden", 64, 1024, 1024, 2},      // batch × width × width
     {"mlp_small_b64/hidden_dw", 1024, 1024, 64, 1},   //
-    {"cnn_small_b32/conv3", 128, 2048, 1152, 4},      // Cout × (B·H·W) × Cin·9
+    {"cnn_small_b32/conv3", 128, 2048, 1152, 4, 64},  // Cout × (B·H·W) × Cin·9, 8 x 8 images
+    {"cnn_small_b32/conv1", 32, 8192, 288, 4, 1024},  // the first block's, 32 x 32 (8 images)
+    {"cnn_small_b32/conv1_dw", 32, 288, 1024, 2},     // its weight gradient, one image: dY·colᵀ
 };
 
 void register_largest_gemms() {
@@ -182,7 +199,7 @@ void register_largest_gemms() {
              "/threads:" + std::to_string(threads))
                 .c_str(),
             BM_LargestGemm)
-            ->Args({s.m, s.n, s.k, s.trans, static_cast<std::int64_t>(path), threads})
+            ->Args({s.m, s.n, s.k, s.trans, static_cast<std::int64_t>(path), threads, s.pixels})
             ->Unit(benchmark::kMillisecond)
             ->MeasureProcessCPUTime()
             ->UseRealTime();

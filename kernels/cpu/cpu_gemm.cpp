@@ -25,6 +25,9 @@ namespace {
 constexpr std::int64_t kKc = 256;     // k per packed block: an AVX-512 B panel is 32 KiB
 constexpr std::int64_t kNc = 1024;    // columns per packed B block
 constexpr std::int64_t kMcMax = 128;  // rows per packed A block, on either path
+// The small-m path (sgemm_small_m_nt): at most kSmallM rows of C, kSmallChunk columns at a time.
+constexpr std::int64_t kSmallM = 128;
+constexpr std::int64_t kSmallChunk = 256;
 // Floats an A pack may write past its last panel (a whole 8-float store of a 6-float AVX2 panel
 // row: transpose_rows): every A buffer has them at its end.
 constexpr std::int64_t kPackSlack = 8;
@@ -36,11 +39,12 @@ AlignedFloats aligned_floats(std::int64_t n) {
   if (!p) throw std::bad_alloc();
   return p;
 }
-// This thread's packing buffers, 64-byte aligned, made on first use (about 1.1 MiB; host memory
+// This thread's packing buffers, 64-byte aligned, made on first use (about 1.25 MiB; host memory
 // of the engine's own, like OpenBLAS's buffers, outside the modelled device memory).
 struct Buffers {
   AlignedFloats a = aligned_floats(kMcMax * kKc + kPackSlack);
   AlignedFloats b = aligned_floats(kKc * kNc);
+  AlignedFloats ct = aligned_floats(kSmallChunk * kSmallM);
 };
 Buffers& buffers() {
   thread_local Buffers bufs;

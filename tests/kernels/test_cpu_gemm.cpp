@@ -80,11 +80,21 @@ class CpuGemm : public ::testing::Test {
 
 // m, n, k around the blocks (8 x 32 registers, k 256, A 128 rows, B 1024 columns).
 const Shape kShapes[] = {
-    {1, 1, 1, false, false, 1.0f, 0.0f},      {7, 33, 5, false, true, 1.0f, 1.0f},
-    {8, 32, 256, true, false, 0.5f, 0.0f},    {9, 31, 257, true, true, 1.0f, -0.75f},
-    {129, 65, 600, false, false, 1.0f, 1.0f}, {17, 1100, 40, false, false, 2.0f, 0.0f},
-    {3, 1030, 300, true, true, 1.0f, 1.0f},   {150, 40, 513, false, true, -1.0f, 0.25f},
-    {32, 288, 100, false, true, 1.0f, 0.0f},  {288, 100, 32, true, false, 1.0f, 0.0f},
+    {1, 1, 1, false, false, 1.0f, 0.0f},
+    {7, 33, 5, false, true, 1.0f, 1.0f},
+    {8, 32, 256, true, false, 0.5f, 0.0f},
+    {9, 31, 257, true, true, 1.0f, -0.75f},
+    {129, 65, 600, false, false, 1.0f, 1.0f},
+    {17, 1100, 40, false, false, 2.0f, 0.0f},
+    {3, 1030, 300, true, true, 1.0f, 1.0f},
+    {150, 40, 513, false, true, -1.0f, 0.25f},
+    {32, 288, 100, false, true, 1.0f, 0.0f},
+    {288, 100, 32, true, false, 1.0f, 0.0f},
+    // x·Wᵀ with few rows and a long k (the own paths' small-m route: kNr ≤ m ≤ 128, k ≥ 8·m):
+    // across its 256-column chunks and k blocks, beta read and not, m on and off a panel's width.
+    {64, 1030, 600, false, true, 1.0f, 0.5f},
+    {128, 300, 1100, false, true, -1.0f, 1.0f},
+    {40, 520, 330, false, true, 1.0f, 0.0f},
 };
 
 TEST_F(CpuGemm, EveryPathMatchesDoublePrecisionOnEveryBlockingLoop) {
@@ -122,8 +132,12 @@ TEST_F(CpuGemm, EveryPathMatchesDoublePrecisionOnEveryBlockingLoop) {
 
 TEST_F(CpuGemm, OwnBitsDoNotDependOnTheRowsColumnsOrVectorWidthOfACall) {
   if (own_paths().empty()) GTEST_SKIP() << "this CPU has neither AVX2 with FMA nor AVX-512F";
+  // The first: 129 rows take the general route, its row blocks of 40 the small-m route of x·Wᵀ,
+  // which must give the same bits; the third is small-m whole and in row blocks of 40, general
+  // in row blocks of 13 (narrower than a panel).
   for (const Shape& s : {Shape{129, 1100, 600, false, true, 1.0f, 0.0f},
-                         Shape{150, 70, 513, true, false, 0.5f, 1.0f}}) {
+                         Shape{150, 70, 513, true, false, 0.5f, 1.0f},
+                         Shape{100, 700, 900, false, true, 0.5f, 1.0f}}) {
     const Problem pr(s, 101);
     const std::vector<float> whole = pr.run(own_paths().front());
     for (GemmPath path : own_paths()) {
