@@ -31,9 +31,9 @@
 #include "kernels/cpu/cpu_ops_impl.h"
 #include "kernels/cpu/cpu_vec.h"
 #include "kernels/device.h"
-#include "models/knobs.h"
+#include "models/config/knobs.h"
 #include "models/model.h"
-#include "models/trainer.h"
+#include "models/train/trainer.h"
 
 namespace memtrade {
 namespace {

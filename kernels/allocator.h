@@ -33,7 +33,7 @@ namespace memtrade {
 
 // What a block holds. Every allocation carries one; the breakdown at peak is by category.
 // `casts`: autocast's 16-bit copies of fp32 weights, made once per forward and kept until the
-// backward that uses them (models/param_store.h), apart from `params` so that breakdowns show
+// backward that uses them (models/train/param_store.h), apart from `params` so that breakdowns show
 // what autocast costs over the weights themselves.
 enum class Category : std::uint8_t {
   params,

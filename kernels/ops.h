@@ -57,7 +57,7 @@ enum class OptimizerKind : std::uint8_t { sgd, sgd_momentum, adam, adamw, adagra
 
 // Which attention ops a model's attention layer runs (RunOptions::attention): math saves the
 // (B, NH, T, T) probabilities for backward; flash saves the output and the per-row log-sum-exp
-// and recomputes the scores in backward. Spellings: models/config.h.
+// and recomputes the scores in backward. Spellings: models/config/config.h.
 enum class AttentionKind : std::uint8_t { math, flash };
 
 // Hyper-parameters with PyTorch's defaults (torch.optim.*), except lr which callers set.
@@ -244,7 +244,7 @@ class Ops {
   // dinp (N, C) overwritten (may alias dout); dweight (C) (+)= Σ_rows dout · (x·rstd rounded to
   // inp's dtype), the factor the forward multiplied the weight by. The rounding is a straight-
   // through step for dinp, as in autograd. A residual stream adds dinp into its gradient with
-  // add_inplace, as models/layer_layernorm.cpp does for layer-norm.
+  // add_inplace, as models/layers/layernorm.cpp does for layer-norm.
   virtual void rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout,
                                 const Tensor& inp, const Tensor& weight, const Tensor& rstd,
                                 bool accumulate) = 0;

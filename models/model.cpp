@@ -7,12 +7,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "models/cnn.h"
-#include "models/gpt.h"
-#include "models/hf_config.h"
-#include "models/input_text.h"
-#include "models/llama.h"
-#include "models/mlp.h"
+#include "models/config/hf_config.h"
+#include "models/config/input_text.h"
+#include "models/families/cnn.h"
+#include "models/families/gpt.h"
+#include "models/families/llama.h"
+#include "models/families/mlp.h"
 
 namespace memtrade {
 namespace {

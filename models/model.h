@@ -4,7 +4,7 @@
 // and backward against a ParamStore that the Trainer implements; that is how precision (which
 // dtype the weights have), zero_grad (whether a gradient is overwritten or added to) and
 // `offload = params` (weights streamed in per block) stay out of model code. What a model saves
-// for backward goes through SavedTensors (models/saved_tensors.h), where the checkpoint and
+// for backward goes through SavedTensors (models/train/saved_tensors.h), where the checkpoint and
 // activation-offload policies live.
 #pragma once
 
@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/device.h"
-#include "models/config.h"
+#include "models/config/config.h"
 
 namespace memtrade {
 
@@ -76,7 +76,7 @@ class ParamStore {
 };
 
 // torch.autocast for a forward/backward pass: the 16-bit dtype and whose op lists decide the
-// dtype of each op (models/autocast_policy.h).
+// dtype of each op (models/config/autocast_policy.h).
 struct AutocastSpec {
   DType dtype = DType::BF16;
   autocast::Policy policy = autocast::Policy::torch_cuda;
@@ -143,15 +143,15 @@ class Model {
 
 // "gpt-tiny", "gpt-mini", "gpt2-124m", ..., "llama-tiny", "llama3-8b", "mlp-tiny", "cnn-tiny",
 // ..., optionally with overrides of the family's hyper-parameters (gpt-* and llama-*):
-// "llama-tiny:n_layer=4,n_kv_head=1" (keys as in the model's hyper(); models/gpt.h and
-// models/llama.h list them). Throws std::invalid_argument naming the known models for an unknown
-// name, the family's keys for an unknown key, or what is wrong with a value or the shape.
+// "llama-tiny:n_layer=4,n_kv_head=1" (keys as in the model's hyper(); models/families/gpt.h and
+// models/families/llama.h list them). Throws std::invalid_argument naming the known models for an
+// unknown name, the family's keys for an unknown key, or what is wrong with a value or the shape.
 std::unique_ptr<Model> make_model(std::string_view name);
 // One configuration's one spelling: keys sorted, values canonical ("5e5" -> "500000", "1" ->
 // "true"), overrides equal to the base model's value dropped ("llama-tiny:n_layer=2" ->
 // "llama-tiny"). Throws as make_model, which it checks the result with.
 std::string canonical_model_name(std::string_view text);
-// The model a point trains: cfg.model_config's file (models/hf_config.h) when set, else
+// The model a point trains: cfg.model_config's file (models/config/hf_config.h) when set, else
 // cfg.model, shaped by the config's seq_len. Throws std::invalid_argument for an unknown model,
 // a seq_len it cannot take, or a model config file that cannot be read, is refused, or differs
 // from the one the config was made with (cfg.model_config_sha256).

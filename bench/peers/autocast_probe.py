@@ -6,7 +6,7 @@ CPU autocast on fp32 and on bf16 activations, as they arrive in the twins (the G
 stream is fp32, a Linear's output bf16, ...); prints the output dtype and every tensor autograd
 saves for backward (dtype, shape, and whether it is an input as given, a new tensor, or a
 parameter/its cast), from saved_tensors_hooks. This is the empirical check of the torch-cpu rows
-of models/autocast_policy.h for the torch installed here (Debian's 1.13). Usage:
+of models/config/autocast_policy.h for the torch installed here (Debian's 1.13). Usage:
 
     autocast_probe.py [--json OUT]
 """

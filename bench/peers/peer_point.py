@@ -42,8 +42,8 @@ def skip_reason(cfg, device):
 
 def init_like_memtrade(torch, model, family, hyper):
     """GPT: nanoGPT's init (N(0, 0.02), residual projections 0.02/sqrt(2L), zero biases), as
-    memtrade's models/gpt.cpp. Llama: HF's (N(0, 0.02) for every matrix, RMSNorm weights 1), as
-    models/llama.cpp. MLP/CNN keep PyTorch's defaults, which memtrade mirrors."""
+    memtrade's models/families/gpt.cpp. Llama: HF's (N(0, 0.02) for every matrix, RMSNorm weights 1), as
+    models/families/llama.cpp. MLP/CNN keep PyTorch's defaults, which memtrade mirrors."""
     if family == "llama":
         with torch.no_grad():
             for p in model.parameters():

@@ -7,7 +7,7 @@ The Llama is HF transformers' LlamaForCausalLM written from the architecture (RM
 embeddings with rotate_half and llama3 rope scaling, grouped-query attention with repeat_kv,
 SwiGLU, no biases, tied or untied head) with HF's parameter names; transformers is not used.
 
-Every twin is cut at memtrade's block boundaries (models/block_model.h): `stem_fn(x)`, the list
+Every twin is cut at memtrade's block boundaries (models/families/block_model.h): `stem_fn(x)`, the list
 `block_fns()` (memtrade's block i is block_fns()[i]) and `head_fn(x, targets)` (the mean loss);
 `*_fn` because the CNN has layers named `stem` and `head`. `forward` is their composition;
 `plan_forward` is the same composition under memtrade's checkpoint plan.

@@ -13,7 +13,7 @@
 #include "kernels/allocator.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/cuda_probe.h"
-#include "models/input_text.h"
+#include "models/config/input_text.h"
 
 namespace memtrade {
 namespace {

@@ -7,7 +7,7 @@
 #include "harness/common/bad_input.h"
 #include "harness/gate/bisect.h"
 #include "harness/gate/thresholds.h"
-#include "models/input_text.h"
+#include "models/config/input_text.h"
 
 namespace memtrade {
 namespace {

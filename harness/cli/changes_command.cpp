@@ -13,7 +13,7 @@
 #include "harness/gate/change_points.h"
 #include "harness/gate/history.h"
 #include "kernels/allocator.h"
-#include "models/input_text.h"
+#include "models/config/input_text.h"
 
 namespace memtrade {
 namespace {

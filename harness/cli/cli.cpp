@@ -23,7 +23,7 @@
 #include "harness/run/step_dump.h"
 #include "kernels/comm.h"
 #include "kernels/device.h"
-#include "models/input_text.h"
+#include "models/config/input_text.h"
 #include "models/model.h"
 
 namespace memtrade {

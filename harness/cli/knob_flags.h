@@ -1,7 +1,7 @@
-// Every axis of the knob table (models/knobs.h) as a flag (`--batch-size 8 --precision bf16 ...`),
-// plus the per-run settings, shared by the subcommands that take one point: run, estimate, step,
-// fit. Each axis flag is a CLI11 option whose validator is the table row: a bad value fails at
-// parse time with the row's message (one line, exit 2), a good one is canonicalised.
+// Every axis of the knob table (models/config/knobs.h) as a flag (`--batch-size 8 --precision bf16
+// ...`), plus the per-run settings, shared by the subcommands that take one point: run, estimate,
+// step, fit. Each axis flag is a CLI11 option whose validator is the table row: a bad value fails
+// at parse time with the row's message (one line, exit 2), a good one is canonicalised.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -9,7 +9,7 @@
 #include <map>
 #include <string>
 
-#include "models/knobs.h"
+#include "models/config/knobs.h"
 
 namespace memtrade {
 

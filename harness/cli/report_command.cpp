@@ -11,7 +11,7 @@
 #include "harness/cli/command.h"
 #include "harness/common/bad_input.h"
 #include "harness/common/process.h"
-#include "models/knobs.h"
+#include "models/config/knobs.h"
 
 namespace memtrade {
 namespace {

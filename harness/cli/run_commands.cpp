@@ -26,7 +26,7 @@
 #include "kernels/comm.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/cuda_probe.h"
-#include "models/input_text.h"
+#include "models/config/input_text.h"
 #include "models/model.h"
 
 namespace memtrade {

@@ -10,7 +10,7 @@
 
 #include "harness/common/bad_input.h"
 #include "harness/common/output_file.h"
-#include "models/input_text.h"
+#include "models/config/input_text.h"
 
 namespace memtrade {
 namespace {

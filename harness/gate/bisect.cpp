@@ -20,7 +20,7 @@
 #include "harness/gate/compare.h"
 #include "harness/gate/compare_ab.h"
 #include "harness/gate/compare_report.h"
-#include "models/input_text.h"
+#include "models/config/input_text.h"
 
 namespace memtrade {
 namespace {

@@ -10,7 +10,7 @@
 #include "harness/common/bad_input.h"
 #include "harness/common/stats.h"
 #include "harness/gate/compare.h"
-#include "models/input_text.h"
+#include "models/config/input_text.h"
 
 #ifdef MEMTRADE_HAVE_SQLITE
 #include <sqlite3.h>

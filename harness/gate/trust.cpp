@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "harness/common/stats.h"
-#include "models/input_text.h"
+#include "models/config/input_text.h"
 
 namespace memtrade {
 namespace {

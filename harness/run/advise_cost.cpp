@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "models/knobs.h"
+#include "models/config/knobs.h"
 
 namespace memtrade {
 

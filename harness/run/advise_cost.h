@@ -33,7 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/run/estimate.h"
-#include "models/config.h"
+#include "models/config/config.h"
 #include "models/model.h"
 
 namespace memtrade {

@@ -10,7 +10,7 @@
 
 #include "harness/common/bad_input.h"
 #include "kernels/dtype.h"
-#include "models/input_text.h"
+#include "models/config/input_text.h"
 #include "models/model.h"
 
 namespace memtrade {

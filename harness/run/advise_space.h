@@ -1,6 +1,6 @@
 // The configurations `memtrade advise` may recommend from a starting point, read off the knob
-// table (models/knobs.h): the cartesian product of the advise values of every row it may turn
-// (AdviseRole::turn, and the allow rows named by --allow), minus the rows held at the start's
+// table (models/config/knobs.h): the cartesian product of the advise values of every row it may
+// turn (AdviseRole::turn, and the allow rows named by --allow), minus the rows held at the start's
 // value, keeping the start's samples per optimizer step (batch_size × accumulation), so that
 // the training is the same one. A row that does not apply to a configuration (attention for a
 // CNN) keeps the start's value there. No axis is named here: a new row with an advise role is
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kernels/device.h"
-#include "models/knobs.h"
+#include "models/config/knobs.h"
 
 namespace memtrade {
 

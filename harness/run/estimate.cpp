@@ -7,7 +7,7 @@
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "models/model.h"
-#include "models/trainer.h"
+#include "models/train/trainer.h"
 
 namespace memtrade {
 namespace {

@@ -19,7 +19,7 @@
 
 #include "kernels/allocator.h"
 #include "kernels/device.h"
-#include "models/config.h"
+#include "models/config/config.h"
 
 namespace memtrade {
 

@@ -14,7 +14,7 @@
 
 #include "harness/common/bad_input.h"
 #include "kernels/allocator.h"
-#include "models/input_text.h"
+#include "models/config/input_text.h"
 #include "models/model.h"
 
 namespace memtrade {

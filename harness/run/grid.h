@@ -1,4 +1,4 @@
-// Grid files (TOML, docs/design.md "Grid file"): the knob table's axes (models/knobs.h) with
+// Grid files (TOML, docs/design.md "Grid file"): the knob table's axes (models/config/knobs.h) with
 // lists of values, cartesian or sweep expansion, [[exclude]] and [[where]] filters, and run
 // settings. Expansion is deterministic: the same file gives the same points in the same order,
 // which sharding relies on.
@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/knobs.h"
+#include "models/config/knobs.h"
 
 namespace memtrade {
 

@@ -22,7 +22,7 @@
 #include "harness/run/point_child.h"
 #include "harness/run/results.h"
 #include "kernels/allocator.h"
-#include "models/input_text.h"
+#include "models/config/input_text.h"
 
 namespace memtrade {
 namespace {

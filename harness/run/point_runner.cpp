@@ -11,7 +11,7 @@
 
 #include "harness/common/stats.h"
 #include "harness/run/grid.h"
-#include "models/trainer.h"
+#include "models/train/trainer.h"
 
 namespace memtrade {
 

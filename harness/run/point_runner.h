@@ -12,7 +12,7 @@
 
 #include "harness/common/point_row.h"
 #include "kernels/device.h"
-#include "models/config.h"
+#include "models/config/config.h"
 #include "models/model.h"
 
 namespace memtrade {

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "kernels/device.h"
-#include "models/knobs.h"
+#include "models/config/knobs.h"
 
 namespace memtrade {
 

@@ -8,11 +8,11 @@
 
 #include "harness/common/bad_input.h"
 #include "harness/run/npy.h"
-#include "models/input_text.h"
-#include "models/knobs.h"
-#include "models/optimizer.h"
-#include "models/saved_tensors.h"
-#include "models/trainer.h"
+#include "models/config/input_text.h"
+#include "models/config/knobs.h"
+#include "models/train/optimizer.h"
+#include "models/train/saved_tensors.h"
+#include "models/train/trainer.h"
 
 namespace memtrade {
 
@@ -125,8 +125,9 @@ bool write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
   const Shape in_shape = model.input_shape(samples);
   std::vector<float> inputs = trainer.last_inputs();
   std::vector<std::int32_t> targets = trainer.last_targets();
-  // Several ranks: the step's global batch is contiguous from sample 0 (models/data_parallel.h),
-  // and the samples are a function of their index, so rank 0 makes the whole batch again.
+  // Several ranks: the step's global batch is contiguous from sample 0
+  // (models/train/data_parallel.h), and the samples are a function of their index, so rank 0 makes
+  // the whole batch again.
   if (trainer.comm().size() > 1 && dev.holds_data())
     model.make_batch(cfg.seed, 0, samples, inputs, targets);
   if (model.input_dtype(compute_dtype(cfg.precision)) == DType::I32) {
@@ -153,7 +154,7 @@ bool write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
 
   nlohmann::json meta;
   meta["schema"] = "memtrade.step/1";
-  // The one config serialiser (models/knobs.h), plus what memtrade resolved from it (the
+  // The one config serialiser (models/config/knobs.h), plus what memtrade resolved from it (the
   // effective learning rate, the checkpoint plan, ...), so that a peer (bench/peers/) redoes
   // exactly this step without re-implementing memtrade's rules.
   meta["config"] = config_json(cfg);

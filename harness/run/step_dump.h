@@ -28,9 +28,9 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/device.h"
-#include "models/config.h"
+#include "models/config/config.h"
 #include "models/model.h"
-#include "models/saved_tensors.h"
+#include "models/train/saved_tensors.h"
 
 namespace memtrade {
 
@@ -48,7 +48,7 @@ bool write_step_dump(Device& dev, Model& model, const TrainConfig& cfg,
 // What memtrade resolves from a config before it runs it, so that a peer (bench/peers/) runs the
 // same training without re-implementing memtrade's rules: {"lr": the effective learning rate,
 // "optimizer_hyper": {...}, "checkpoint_plan": {"selective": bool, "segments": [[begin, end,
-// recompute], ...]} (models/saved_tensors.h CheckpointPlan), "loss_scale_init",
+// recompute], ...]} (models/train/saved_tensors.h CheckpointPlan), "loss_scale_init",
 // "loss_scale_growth_interval"}. In the dump's meta.json and in `run --list --json`.
 nlohmann::json resolved_json(const TrainConfig& cfg, const Model& model);
 // meta.json's "optimizer_hyper": the OptimizerHyper fields by their torch.optim names.

@@ -4,7 +4,8 @@
 //
 // Dtypes. Outside autocast every activation, and every activation gradient, has the dtype `act`
 // (fp32, or 16 bits for the O2 and pure precisions). Under autocast (`amp`: fp16/bf16) each op
-// runs as torch.autocast runs it, per the policy's rule for its kind (models/autocast_policy.h):
+// runs as torch.autocast runs it, per the policy's rule for its kind
+// (models/config/autocast_policy.h):
 //   - a layer asks in_dtype/out_dtype for an op's input and output dtype, and passes its inputs
 //     through cast_input, which makes autocast's cast where the op computes in another dtype than
 //     the input has (a new tensor; an op that saves its input saves the cast, as autograd does);
@@ -23,9 +24,9 @@
 #include <string_view>
 
 #include "kernels/device.h"
-#include "models/autocast_policy.h"
+#include "models/config/autocast_policy.h"
 #include "models/model.h"
-#include "models/saved_tensors.h"
+#include "models/train/saved_tensors.h"
 
 namespace memtrade {
 

@@ -1,5 +1,5 @@
 // LayerNorm (nn.LayerNorm) over the last dim of (N, C); mean/rstd (N) F32 are saved. The norm_*
-// overloads (here and in rmsnorm.h) are what the decoder blocks call (models/decoder.h).
+// overloads (here and in rmsnorm.h) are what the decoder blocks call (models/families/decoder.h).
 //
 // Under autocast the input must already have layer norm's input dtype (the GPT's residual stream
 // is fp32 under both policies, so no cast is ever needed there; a 16-bit input under torch-cuda

@@ -13,9 +13,9 @@
 #include <tuple>
 #include <vector>
 
-#include "models/config.h"
+#include "models/config/config.h"
 #include "models/model.h"
-#include "models/trainer.h"
+#include "models/train/trainer.h"
 
 #include "tests/gpu/gpu_test_util.h"
 

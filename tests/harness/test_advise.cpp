@@ -11,7 +11,7 @@
 #include "harness/common/bad_input.h"
 #include "harness/run/advise.h"
 #include "harness/run/estimate.h"
-#include "models/saved_tensors.h"
+#include "models/train/saved_tensors.h"
 
 namespace memtrade {
 namespace {

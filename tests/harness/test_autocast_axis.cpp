@@ -1,6 +1,6 @@
-// The autocast_policy axis through every consumer of the knob table (models/knobs.h): its flag,
-// grid files, point ids (in the id of an autocast precision even at its default, in no other),
-// the config JSON both ways, the knob table's JSON and the CSV export; and the memory model
+// The autocast_policy axis through every consumer of the knob table (models/config/knobs.h): its
+// flag, grid files, point ids (in the id of an autocast precision even at its default, in no
+// other), the config JSON both ways, the knob table's JSON and the CSV export; and the memory model
 // exact on autocast points under both policies.
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include "harness/run/grid.h"
 #include "harness/run/point_runner.h"
 #include "kernels/device.h"
-#include "models/knobs.h"
+#include "models/config/knobs.h"
 #include "models/model.h"
 
 namespace memtrade {

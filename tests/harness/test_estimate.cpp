@@ -10,7 +10,7 @@
 #include "harness/run/estimate.h"
 #include "harness/run/grid.h"
 #include "kernels/cuda_workspace.h"
-#include "models/config.h"
+#include "models/config/config.h"
 
 namespace memtrade {
 namespace {

@@ -1,5 +1,5 @@
-// The knob table walk: every axis of models/knobs.h, with every value it is tested with, goes
-// through every consumer: the CLI flag (CLI11 transformer), a grid file, the point id, the
+// The knob table walk: every axis of models/config/knobs.h, with every value it is tested with,
+// goes through every consumer: the CLI flag (CLI11 transformer), a grid file, the point id, the
 // results-JSON config (round trip), the CSV export, `memtrade knobs --json` and `run --list
 // --json`. A new row that some consumer does not handle fails here, not in a user's hands.
 // (The reports' labels are walked in tests/python/test_knobs.py.)
@@ -15,7 +15,7 @@
 #include "harness/common/bad_input.h"
 #include "harness/run/grid.h"
 #include "harness/run/results.h"
-#include "models/knobs.h"
+#include "models/config/knobs.h"
 
 namespace memtrade {
 namespace {

@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "fixtures/gate_fixtures.h"
-#include "models/sha256.h"
+#include "models/config/sha256.h"
 
 namespace memtrade {
 namespace {

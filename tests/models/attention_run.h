@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include "models/block_model.h"
+#include "models/families/block_model.h"
 #include "tests/models/test_store.h"
 
 namespace memtrade::testing {

@@ -1,7 +1,7 @@
-// The autocast policy tables (models/autocast_policy.h) are complete and self-consistent: every
-// op kind has exactly one rule per policy, in Op order, and each rule's dtypes agree with its
+// The autocast policy tables (models/config/autocast_policy.h) are complete and self-consistent:
+// every op kind has exactly one rule per policy, in Op order, and each rule's dtypes agree with its
 // compute rule. (Whether the rows match PyTorch is bench/peers/autocast_probe.py's job.)
-#include "models/autocast_policy.h"
+#include "models/config/autocast_policy.h"
 
 #include <set>
 #include <string>

@@ -1,6 +1,6 @@
-// The Hugging Face config reader (models/hf_config.h) on the published configs and on what the
-// real files carry besides the keys memtrade reads; SHA-256 against FIPS 180-4's examples.
-// (The CLI's one-line errors and exit code: tests/harness/test_model_config.cpp.)
+// The Hugging Face config reader (models/config/hf_config.h) on the published configs and on what
+// the real files carry besides the keys memtrade reads; SHA-256 against FIPS 180-4's examples. (The
+// CLI's one-line errors and exit code: tests/harness/test_model_config.cpp.)
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "models/hf_config.h"
-#include "models/sha256.h"
+#include "models/config/hf_config.h"
+#include "models/config/sha256.h"
 
 namespace memtrade {
 namespace {

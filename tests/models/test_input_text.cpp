@@ -1,5 +1,5 @@
-// What memtrade says back about bad input (models/input_text.h): one bounded, escaped line per
-// value, whatever the value; and the JSON reader that refuses what would crash later (a value
+// What memtrade says back about bad input (models/config/input_text.h): one bounded, escaped line
+// per value, whatever the value; and the JSON reader that refuses what would crash later (a value
 // nested 100,000 levels deep, a number beyond a double) as one line instead.
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "models/hf_config.h"
-#include "models/input_text.h"
+#include "models/config/hf_config.h"
+#include "models/config/input_text.h"
 #include "models/model.h"
 
 namespace memtrade {

@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "models/block_model.h"
+#include "models/families/block_model.h"
 #include "models/model.h"
 #include "test_store.h"
 

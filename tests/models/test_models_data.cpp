@@ -4,8 +4,8 @@
 #include <map>
 #include <set>
 
-#include "models/data.h"
 #include "models/model.h"
+#include "models/train/data.h"
 
 namespace memtrade {
 namespace {

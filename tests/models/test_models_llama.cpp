@@ -5,8 +5,8 @@
 
 #include <fmt/format.h>
 
-#include "models/block_model.h"
-#include "models/knobs.h"
+#include "models/config/knobs.h"
+#include "models/families/block_model.h"
 #include "models/model.h"
 
 namespace memtrade {

@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "models/block_model.h"
+#include "models/families/block_model.h"
 #include "models/model.h"
 
 namespace memtrade {

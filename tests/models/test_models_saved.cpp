@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/device.h"
-#include "models/saved_tensors.h"
+#include "models/train/saved_tensors.h"
 
 namespace memtrade {
 namespace {

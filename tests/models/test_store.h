@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "kernels/device.h"
-#include "models/data.h"
 #include "models/model.h"
+#include "models/train/data.h"
 
 namespace memtrade::testing {
 

@@ -1,10 +1,10 @@
 // Autocast (fp16/bf16 precision): the engine runs each op in the dtype the policy table gives it
-// (models/autocast_policy.h), keeps what autograd keeps, in those dtypes, and holds autocast's
-// weight casts in their own category for exactly as long as PyTorch does.
+// (models/config/autocast_policy.h), keeps what autograd keeps, in those dtypes, and holds
+// autocast's weight casts in their own category for exactly as long as PyTorch does.
 #include <set>
 #include <string>
 
-#include "models/block_model.h"
+#include "models/families/block_model.h"
 #include "models/layers/context.h"
 #include "tests/models/test_store.h"
 #include "tests/models/test_trainer_util.h"

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "models/optimizer.h"
+#include "models/train/optimizer.h"
 #include "tests/models/test_trainer_util.h"
 
 namespace memtrade::testing {

@@ -3,7 +3,7 @@
 #include <limits>
 #include <string>
 
-#include "models/loss_scaler.h"
+#include "models/train/loss_scaler.h"
 #include "tests/models/test_trainer_util.h"
 
 namespace memtrade::testing {

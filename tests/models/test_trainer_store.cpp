@@ -2,7 +2,7 @@
 // and the block streaming protocol of offload=params.
 #include <cmath>
 
-#include "models/param_store.h"
+#include "models/train/param_store.h"
 #include "tests/models/test_trainer_util.h"
 
 namespace memtrade::testing {

@@ -12,9 +12,9 @@
 #include <gtest/gtest.h>
 
 #include "kernels/device.h"
-#include "models/config.h"
+#include "models/config/config.h"
 #include "models/model.h"
-#include "models/trainer.h"
+#include "models/train/trainer.h"
 
 namespace memtrade::testing {
 

@@ -1,0 +1,222 @@
+#include "models/config/hf_config.h"
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "models/config/input_text.h"
+#include "models/config/sha256.h"
+
+namespace memtrade {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::invalid_argument(what);
+}
+
+// A JSON integer as int64 (nullopt for anything else, or one beyond int64).
+std::optional<std::int64_t> as_int64(const json& v) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      return std::nullopt;
+    return static_cast<std::int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<std::int64_t>();
+  return std::nullopt;
+}
+
+// No bound beyond what an int holds (a value the model does not size itself by).
+constexpr DecoderBound kAnyInt{"", std::numeric_limits<int>::max()};
+
+// The keys of one architecture, read with their types checked.
+class Keys {
+ public:
+  Keys(const json& j, std::string_view arch) : j_(j), arch_(arch) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+
+  // A positive integer up to `bound` (range-checked before it is narrowed to an int).
+  int positive_int(const char* key, const DecoderBound& bound = kAnyInt) const {
+    if (!has(key)) fail(fmt::format("missing key '{}' (required for {})", key, arch_));
+    const json& v = j_.at(key);
+    const auto i = as_int64(v);
+    if (!i || *i < 1 || (bound.what.empty() && *i > bound.max))
+      fail(fmt::format("key '{}' must be a positive integer, got {}", key, echo_json(v)));
+    if (auto problem = above_bound(fmt::format("key '{}'", key), *i, bound)) fail(*problem);
+    return static_cast<int>(*i);
+  }
+  int positive_int(const char* key, int fallback, const DecoderBound& bound = kAnyInt) const {
+    return has(key) ? positive_int(key, bound) : fallback;
+  }
+  double positive_number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_.at(key);
+    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+      fail(fmt::format("key '{}' must be a positive number, got {}", key, echo_json(v)));
+    return v.get<double>();
+  }
+  double number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_.at(key).is_number())
+      fail(fmt::format("key '{}' must be a number, got {}", key, echo_json(j_.at(key))));
+    return j_.at(key).get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_.at(key).is_boolean())
+      fail(fmt::format("key '{}' must be true or false, got {}", key, echo_json(j_.at(key))));
+    return j_.at(key).get<bool>();
+  }
+  std::string text(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_.at(key).is_string())
+      fail(fmt::format("key '{}' must be a string, got {}", key, echo_json(j_.at(key))));
+    return j_.at(key).get<std::string>();
+  }
+  // A key whose other values change the math memtrade does not model.
+  template <typename T>
+  void require(const char* key, T supported, T value, std::string_view why) const {
+    if (value != supported)
+      fail(fmt::format("unsupported {} {} ({})", key, echo_json(json(value)), why));
+  }
+
+ private:
+  const json& j_;
+  std::string_view arch_;
+};
+
+Llama3RopeScaling llama3_scaling(const json& s) {
+  if (!s.is_object())
+    fail(fmt::format("rope_scaling must be an object or null, got {}", echo_json(s)));
+  const Keys k(s, "rope_scaling");
+  // HF reads "rope_type", and the older "type".
+  const std::string type = k.text("rope_type", k.text("type", ""));
+  if (type == "default") return {};
+  if (type != "llama3")
+    fail(fmt::format("unsupported rope_scaling type '{}' (memtrade implements llama3 and default)",
+                     echo(type)));
+  Llama3RopeScaling r;
+  for (const char* key :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+    if (!k.has(key)) fail(fmt::format("missing key 'rope_scaling.{}' (required for llama3)", key));
+  r.factor = k.positive_number("factor", 0);
+  r.low_freq_factor = k.positive_number("low_freq_factor", 0);
+  r.high_freq_factor = k.positive_number("high_freq_factor", 0);
+  r.original_max_position_embeddings = k.positive_int("original_max_position_embeddings");
+  return r;
+}
+
+// LlamaForCausalLM, and the architectures that are it with other defaults or biases
+// (transformers 4.46.3: modeling_llama.py, modeling_qwen2.py).
+LlamaConfig llama_from(const json& j, const ConfigFile& file, const std::string& arch) {
+  const Keys k(j, arch.c_str());
+  const bool qwen2 = arch == "Qwen2ForCausalLM";
+  LlamaConfig c;
+  c.name = file.name;
+  c.file = file;
+  c.n_embd = k.positive_int("hidden_size", kMaxHidden);
+  c.n_layer = k.positive_int("num_hidden_layers", kMaxLayers);
+  c.n_head = k.positive_int("num_attention_heads", kMaxHeads);
+  c.intermediate_size = k.positive_int("intermediate_size", kMaxIntermediate);
+  c.vocab_size = k.positive_int("vocab_size", kMaxVocab);
+  c.block_size = k.positive_int("max_position_embeddings", kMaxPositions);
+  c.n_kv_head = k.positive_int("num_key_value_heads", c.n_head, kMaxHeads);
+  c.rope_theta = k.positive_number("rope_theta", 10000.0);
+  c.norm_eps = k.positive_number("rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
+  c.architecture = arch;
+  // heads × head_dim in 64 bits: in an int, 4 × 1073741840 wraps to 64.
+  if (k.has("head_dim") && std::int64_t{k.positive_int("head_dim")} * c.n_head != c.n_embd)
+    fail(
+        fmt::format("unsupported head_dim {}: memtrade's Llama has hidden_size / "
+                    "num_attention_heads = {}/{}",
+                    k.positive_int("head_dim"), c.n_embd, c.n_head));
+  if (k.has("rope_scaling")) c.rope_scaling = llama3_scaling(j.at("rope_scaling"));
+  k.require("hidden_act", std::string("silu"), k.text("hidden_act", "silu"),
+            "the MLP is SwiGLU, silu");
+  if (qwen2) {
+    // Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False; no attention_bias or mlp_bias key.
+    c.qkv_bias = true;
+    // A window of use_sliding_window limits attention to the last sliding_window tokens in the
+    // layers from max_window_layers on; memtrade's Qwen2 attends to every earlier token.
+    k.require("use_sliding_window", false, k.boolean("use_sliding_window", false),
+              "full causal attention in every layer");
+  } else {
+    c.qkv_bias = c.o_bias = k.boolean("attention_bias", false);  // q, k, v and o_proj
+    c.mlp_bias = k.boolean("mlp_bias", false);
+  }
+  k.require("attention_dropout", 0.0, k.number("attention_dropout", 0.0), "no dropout");
+  return c;
+}
+
+GptConfig gpt2_from(const json& j, const ConfigFile& file) {
+  const Keys k(j, "GPT2LMHeadModel");
+  GptConfig c;
+  c.name = file.name;
+  c.file = file;
+  c.n_embd = k.positive_int("n_embd", kMaxHidden);
+  c.n_layer = k.positive_int("n_layer", kMaxLayers);
+  c.n_head = k.positive_int("n_head", kMaxHeads);
+  c.vocab_size = k.positive_int("vocab_size", kMaxVocab);
+  c.block_size = k.positive_int("n_positions", kMaxPositions);
+  c.norm_eps = k.positive_number("layer_norm_epsilon", 1e-5);
+  c.tie_word_embeddings = k.boolean("tie_word_embeddings", true);
+  k.require("n_inner", 4 * c.n_embd, k.positive_int("n_inner", 4 * c.n_embd),
+            "the MLP is 4·n_embd");
+  const std::string act = k.text("activation_function", "gelu_new");
+  if (act != "gelu_pytorch_tanh")
+    k.require("activation_function", std::string("gelu_new"), act, "GELU, tanh approximation");
+  k.require("scale_attn_weights", true, k.boolean("scale_attn_weights", true), "scores / √hd");
+  k.require("scale_attn_by_inverse_layer_idx", false,
+            k.boolean("scale_attn_by_inverse_layer_idx", false), "scores / √hd");
+  return c;
+}
+
+}  // namespace
+
+HfModelConfig parse_hf_config(std::string_view text, const ConfigFile& file) {
+  const json j = parse_json_input(text);
+  if (!j.is_object()) fail("not a JSON object");
+  if (!j.contains("architectures"))
+    fail("missing key 'architectures' (LlamaForCausalLM, Qwen2ForCausalLM or GPT2LMHeadModel)");
+  const json& arch = j.at("architectures");
+  if (!arch.is_array() || arch.size() != 1 || !arch[0].is_string())
+    fail(fmt::format("architectures must name one architecture, got {}", echo_json(arch)));
+  const std::string name = arch[0].get<std::string>();
+  if (name == "LlamaForCausalLM" || name == "Qwen2ForCausalLM") return llama_from(j, file, name);
+  if (name == "GPT2LMHeadModel") return gpt2_from(j, file);
+  fail(
+      fmt::format("unsupported architecture '{}' (memtrade reads LlamaForCausalLM, "
+                  "Qwen2ForCausalLM and GPT2LMHeadModel)",
+                  echo(name)));
+}
+
+HfModelConfig read_hf_config(const std::string& path) {
+  const std::string shown = echo(path, kEchoPathMax);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail(fmt::format("{}: is a directory", shown));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(fmt::format("{}: cannot read the file", shown));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  const std::string text = bytes.str();
+  const ConfigFile file{std::filesystem::path(path).stem().string(), sha256_hex(text)};
+  try {
+    return parse_hf_config(text, file);
+  } catch (const std::invalid_argument& e) {
+    fail(fmt::format("{}: {}", shown, e.what()));
+  }
+}
+
+}  // namespace memtrade

@@ -1,0 +1,181 @@
+#include "models/families/decoder.h"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "models/layers/loss.h"
+#include "models/train/data.h"
+
+namespace memtrade {
+namespace {
+
+// The autocast op kind of a norm (models/config/autocast_policy.h).
+constexpr Op norm_op(const LayerNorm&) {
+  return Op::layernorm;
+}
+constexpr Op norm_op(const RmsNorm&) {
+  return Op::rmsnorm;
+}
+
+}  // namespace
+
+std::optional<std::string> above_bound(std::string_view key, std::int64_t value,
+                                       const DecoderBound& bound) {
+  if (value <= bound.max) return std::nullopt;
+  return fmt::format("{} {} is above memtrade's bound of {} ({})", key, value, bound.max,
+                     bound.what);
+}
+
+template <typename Norm, typename Mlp>
+void DecoderModel<Norm, Mlp>::check_bounds(
+    const std::string& name,
+    std::initializer_list<std::tuple<std::string_view, std::int64_t, DecoderBound>> sizes) {
+  for (const auto& [key, value, bound] : sizes)
+    if (auto problem = above_bound(key, value, bound))
+      throw std::invalid_argument(fmt::format("{}: {}", name, *problem));
+}
+
+template <typename Norm, typename Mlp>
+void DecoderModel<Norm, Mlp>::set_sequence(const std::string& name, int seq_len, int block_size,
+                                           int vocab_size) {
+  if (seq_len == 0) seq_len = block_size;
+  if (seq_len < 1 || seq_len > block_size)
+    throw std::invalid_argument(fmt::format("{}: seq_len {} must be in [1, {}] (its block size)",
+                                            name, seq_len, block_size));
+  seq_len_ = seq_len;
+  block_size_ = block_size;
+  vocab_size_ = vocab_size;
+}
+
+template <typename Norm, typename Mlp>
+void DecoderModel<Norm, Mlp>::make_batch(std::uint64_t seed, std::int64_t first, std::int64_t batch,
+                                         std::vector<float>& input,
+                                         std::vector<std::int32_t>& targets) const {
+  make_token_batch(seed, first, batch, static_cast<int>(seq_len_), vocab_size_, input, targets);
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+
+template <typename Norm, typename Mlp>
+Tensor DecoderModel<Norm, Mlp>::stem_forward(LayerCtx& c, const Tensor& input) {
+  return embedding_forward(c, input, embedding_);  // (B·T, C)
+}
+
+// Under autocast (models/layers/context.h) the residual stream is fp32 (the embedding's output,
+// and fp32 + 16-bit promotes), the norms read it as it is and the attention and MLP cast their
+// inputs to the linears' 16-bit dtype; the gradient that comes back from a layer which cast its
+// input is cast back to the norm output's dtype before the norm's backward (grad_as).
+
+template <typename Norm, typename Mlp>
+Tensor DecoderModel<Norm, Mlp>::block_forward(LayerCtx& c, int block, const Tensor& x) {
+  const Block& b = blocks_[block];
+  const std::int64_t N = x.dim(0), C = x.dim(1), T = seq_len_;
+  Tensor h1 = c.act_tensor({N, C}, c.out_dtype(norm_op(b.norm_1), x));  // (B·T, C)
+  norm_forward(c, h1, x, b.norm_1);
+  Tensor a = attention_forward(c, std::move(h1), N / T, T, b.attn);
+  // The residual after attention, norm_2's input (autocast: fp32 + 16-bit promotes to fp32).
+  Tensor x1 = c.act_tensor({N, C}, c.out_dtype(Op::add, x.dtype(), a.dtype()));
+  c.ops().add(x1, x, a);
+  a.reset();
+  Tensor h2 = c.act_tensor({N, C}, c.out_dtype(norm_op(b.norm_2), x1));
+  norm_forward(c, h2, x1, b.norm_2);
+  Tensor m = mlp_forward(c, std::move(h2), b.mlp);
+  Tensor out = c.dev.empty({N, C}, c.out_dtype(Op::add, x1.dtype(), m.dtype()),
+                           Category::activations);  // the next block's input
+  c.ops().add(out, x1, m);
+  c.keep("x1", std::move(x1));
+  return out;
+}
+
+template <typename Norm, typename Mlp>
+Tensor DecoderModel<Norm, Mlp>::head_forward(LayerCtx& c, Tensor x, const Tensor& targets) {
+  const std::int64_t N = x.dim(0), C = x.dim(1);
+  Tensor lnf = c.act_tensor({N, C}, c.out_dtype(norm_op(norm_f_), x));  // (B·T, C)
+  norm_forward(c, lnf, x, norm_f_);
+  c.keep("x", std::move(x));
+  lnf = c.cast_input(Op::linear, std::move(lnf));
+  Tensor logits = c.act_tensor({N, vocab_size_}, c.out_dtype(Op::linear, lnf));  // (B·T, V)
+  linear_forward(c, logits, lnf, head_);
+  c.keep("lnf", std::move(lnf));
+  return crossentropy_loss_forward(c, std::move(logits), targets);
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+
+template <typename Norm, typename Mlp>
+Tensor DecoderModel<Norm, Mlp>::head_backward(LayerCtx& c, float dloss) {
+  const Tensor& lnf = c.get("lnf");
+  Tensor dlogits = crossentropy_loss_backward(c, dloss, c.out_dtype(Op::linear, lnf));  // (B·T, V)
+  Tensor dlnf = c.temp_like(lnf);
+  // A tied head writes wte's gradient first; the embedding adds to it later.
+  linear_backward(c, &dlnf, dlogits, lnf, head_);
+  dlogits.reset();
+  const Tensor& x = c.get("x");
+  dlnf = c.grad_as(std::move(dlnf), c.out_dtype(norm_op(norm_f_), x));
+  Tensor dres = c.temp_like(x);  // (B·T, C): d(last block output)
+  norm_backward(c, dres, dlnf, x, norm_f_);
+  return dres;
+}
+
+template <typename Norm, typename Mlp>
+void DecoderModel<Norm, Mlp>::block_backward(LayerCtx& c, int block, Tensor& dres) {
+  const Block& b = blocks_[block];
+  // out = x1 + mlp(norm_2(x1)): dres = d out -> d x1.
+  const Tensor& x1 = c.get("x1");
+  Tensor dh2 = c.grad_as(mlp_backward(c, dres, b.mlp), c.out_dtype(norm_op(b.norm_2), x1));
+  norm_backward_add(c, dres, dh2, x1, b.norm_2);
+  dh2.reset();
+  // x1 = x + attn(norm_1(x)): dres = d x1 -> d x.
+  const Tensor& x = c.get("x");
+  Tensor dh1 = c.grad_as(attention_backward(c, dres, b.attn), c.out_dtype(norm_op(b.norm_1), x));
+  norm_backward_add(c, dres, dh1, x, b.norm_1);
+}
+
+template <typename Norm, typename Mlp>
+void DecoderModel<Norm, Mlp>::stem_backward(LayerCtx& c, Tensor& dres) {
+  embedding_backward(c, dres, embedding_);
+}
+
+// ---- FLOPs --------------------------------------------------------------------------------------
+
+template <typename Norm, typename Mlp>
+double DecoderModel<Norm, Mlp>::scores_flops(std::int64_t batch, int block) const {
+  // B·NH·T²·hd multiply-adds; NH·hd is c_proj's input width.
+  const double T = static_cast<double>(seq_len_);
+  const double width = static_cast<double>(params()[blocks_[block].attn.c_proj.weight].shape[1]);
+  return 2.0 * static_cast<double>(batch) * T * T * width;
+}
+
+template <typename Norm, typename Mlp>
+double DecoderModel<Norm, Mlp>::block_flops(std::int64_t batch, int block) const {
+  double macs = 0;  // per token: every weight matrix of the block once (biases and norms aside)
+  for (const ParamSpec& p : params())
+    if (p.block == block && p.shape.size() == 2) macs += static_cast<double>(shape_numel(p.shape));
+  const double N = static_cast<double>(batch) * static_cast<double>(seq_len_);
+  return 2.0 * N * macs + 2.0 * scores_flops(batch, block);  // + QKᵀ and att·V
+}
+
+template <typename Norm, typename Mlp>
+double DecoderModel<Norm, Mlp>::head_flops(std::int64_t batch) const {
+  const double N = static_cast<double>(batch) * static_cast<double>(seq_len_);
+  return 2.0 * N * static_cast<double>(shape_numel(params()[head_.weight].shape));
+}
+
+template <typename Norm, typename Mlp>
+double DecoderModel<Norm, Mlp>::selective_recompute_flops(std::int64_t batch, int block,
+                                                          const RunOptions& options) const {
+  // Megatron's selective recompute: the attention probabilities (QKᵀ; flash keeps none).
+  return options.attention == AttentionKind::math ? scores_flops(batch, block) : 0.0;
+}
+
+template <typename Norm, typename Mlp>
+double DecoderModel<Norm, Mlp>::attention_recompute_flops(std::int64_t batch, int block,
+                                                          const RunOptions& options) const {
+  return options.attention == AttentionKind::flash ? scores_flops(batch, block) : 0.0;
+}
+
+template class DecoderModel<LayerNorm, GptMlp>;
+template class DecoderModel<RmsNorm, LlamaMlp>;
+
+}  // namespace memtrade

@@ -1,0 +1,125 @@
+#include "models/families/llama.h"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace memtrade {
+
+RopeConfig LlamaConfig::rope() const {
+  return {rope_theta, rope_scaling.factor, rope_scaling.low_freq_factor,
+          rope_scaling.high_freq_factor, rope_scaling.original_max_position_embeddings};
+}
+
+const std::vector<HyperField<LlamaConfig>>& llama_hyper_fields() {
+  static const std::vector<HyperField<LlamaConfig>> fields = {
+      {"n_layer", &LlamaConfig::n_layer},
+      {"n_head", &LlamaConfig::n_head},
+      {"n_kv_head", &LlamaConfig::n_kv_head},
+      {"n_embd", &LlamaConfig::n_embd},
+      {"intermediate_size", &LlamaConfig::intermediate_size},
+      {"vocab_size", &LlamaConfig::vocab_size},
+      {"block_size", &LlamaConfig::block_size},
+      {"rope_theta", &LlamaConfig::rope_theta},
+      {"norm_eps", &LlamaConfig::norm_eps},
+      {"tie_word_embeddings", &LlamaConfig::tie_word_embeddings},
+      {"qkv_bias", &LlamaConfig::qkv_bias},
+      {"o_bias", &LlamaConfig::o_bias},
+      {"mlp_bias", &LlamaConfig::mlp_bias},
+  };
+  return fields;
+}
+
+LlamaModel::LlamaModel(LlamaConfig cfg) : cfg_(std::move(cfg)) {
+  check_bounds(cfg_.name, {{"n_layer", cfg_.n_layer, kMaxLayers},
+                           {"n_head", cfg_.n_head, kMaxHeads},
+                           {"n_kv_head", cfg_.n_kv_head, kMaxHeads},
+                           {"n_embd", cfg_.n_embd, kMaxHidden},
+                           {"intermediate_size", cfg_.intermediate_size, kMaxIntermediate},
+                           {"vocab_size", cfg_.vocab_size, kMaxVocab},
+                           {"block_size", cfg_.block_size, kMaxPositions}});
+  set_sequence(cfg_.name, cfg_.seq_len, cfg_.block_size, cfg_.vocab_size);
+  cfg_.seq_len = static_cast<int>(rows_per_sample());
+  const auto bad = [&](const std::string& what) {
+    return std::invalid_argument(fmt::format("{}: {}", cfg_.name, what));
+  };
+  if (cfg_.n_embd % cfg_.n_head != 0)
+    throw bad(fmt::format("n_embd {} not divisible by n_head {}", cfg_.n_embd, cfg_.n_head));
+  if (cfg_.n_head % cfg_.n_kv_head != 0)
+    throw bad(fmt::format("n_head {} not divisible by n_kv_head {} (grouped-query attention)",
+                          cfg_.n_head, cfg_.n_kv_head));
+  const std::int64_t hd = cfg_.n_embd / cfg_.n_head;
+  if (hd % 2 != 0 || hd > kRopeMaxHeadDim)
+    throw bad(fmt::format("head_dim {} must be even and at most {} (rotary embeddings)", hd,
+                          kRopeMaxHeadDim));
+  try {
+    (void)rope_inv_freq(hd, cfg_.rope());
+  } catch (const std::invalid_argument& e) {
+    throw bad(e.what());
+  }
+
+  const std::int64_t C = cfg_.n_embd, V = cfg_.vocab_size, I = cfg_.intermediate_size;
+  const std::int64_t NH = cfg_.n_head, NKV = cfg_.n_kv_head;
+  const auto eps = static_cast<float>(cfg_.norm_eps);
+  constexpr float kStd = 0.02f;  // initializer_range
+  constexpr float kOnes = -1.0f;
+  embedding_.wte = add_param("model.embed_tokens.weight", {V, C}, kStd, -1);
+  for (int i = 0; i < cfg_.n_layer; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    Block b;
+    // A bias follows its weight (HF's named_parameters order); biases start at zero (HF's
+    // _init_weights).
+    const auto bias = [&](bool has, const std::string& name, std::int64_t n) {
+      return has ? add_param(p + name, {n}, 0, i) : ParamIndex{-1};
+    };
+    const ParamIndex q = add_param(p + "self_attn.q_proj.weight", {NH * hd, C}, kStd, i);
+    const ParamIndex qb = bias(cfg_.qkv_bias, "self_attn.q_proj.bias", NH * hd);
+    const ParamIndex k = add_param(p + "self_attn.k_proj.weight", {NKV * hd, C}, kStd, i);
+    const ParamIndex kb = bias(cfg_.qkv_bias, "self_attn.k_proj.bias", NKV * hd);
+    const ParamIndex v = add_param(p + "self_attn.v_proj.weight", {NKV * hd, C}, kStd, i);
+    const ParamIndex vb = bias(cfg_.qkv_bias, "self_attn.v_proj.bias", NKV * hd);
+    b.attn.qkv_proj.parts = {q, k, v};
+    if (cfg_.qkv_bias) b.attn.qkv_proj.biases = {qb, kb, vb};
+    const ParamIndex o = add_param(p + "self_attn.o_proj.weight", {C, NH * hd}, kStd, i);
+    b.attn.c_proj = {o, bias(cfg_.o_bias, "self_attn.o_proj.bias", C)};
+    b.attn.n_head = cfg_.n_head;
+    b.attn.n_kv_head = cfg_.n_kv_head;
+    b.attn.rope = cfg_.rope();
+    const ParamIndex gate = add_param(p + "mlp.gate_proj.weight", {I, C}, kStd, i);
+    b.mlp.gate_proj = {gate, bias(cfg_.mlp_bias, "mlp.gate_proj.bias", I)};
+    const ParamIndex up = add_param(p + "mlp.up_proj.weight", {I, C}, kStd, i);
+    b.mlp.up_proj = {up, bias(cfg_.mlp_bias, "mlp.up_proj.bias", I)};
+    const ParamIndex down = add_param(p + "mlp.down_proj.weight", {C, I}, kStd, i);
+    b.mlp.down_proj = {down, bias(cfg_.mlp_bias, "mlp.down_proj.bias", C)};
+    b.norm_1 = {add_param(p + "input_layernorm.weight", {C}, kOnes, i), "input_layernorm", eps};
+    b.norm_2 = {add_param(p + "post_attention_layernorm.weight", {C}, kOnes, i),
+                "post_attention_layernorm", eps};
+    blocks_.push_back(std::move(b));
+  }
+  norm_f_ = {add_param("model.norm.weight", {C}, kOnes, -1), "norm", eps};
+  head_ = {
+      cfg_.tie_word_embeddings ? embedding_.wte : add_param("lm_head.weight", {V, C}, kStd, -1),
+      -1};
+}
+
+nlohmann::json LlamaModel::hyper() const {
+  nlohmann::json h = {{"family", family()}};
+  for (const auto& f : llama_hyper_fields()) h[std::string(f.key)] = hyper_value(cfg_, f);
+  h["head_dim"] = cfg_.n_embd / cfg_.n_head;
+  h["architecture"] = cfg_.architecture;
+  const Llama3RopeScaling& s = cfg_.rope_scaling;
+  h["rope_scaling"] =
+      s.factor > 0
+          ? nlohmann::json{{"rope_type", "llama3"},
+                           {"factor", s.factor},
+                           {"low_freq_factor", s.low_freq_factor},
+                           {"high_freq_factor", s.high_freq_factor},
+                           {"original_max_position_embeddings", s.original_max_position_embeddings}}
+          : nlohmann::json(nullptr);
+  h["seq_len"] = cfg_.seq_len;
+  h["num_params"] = num_params();
+  add_config_file(h, cfg_.file);
+  return h;
+}
+
+}  // namespace memtrade

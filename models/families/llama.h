@@ -1,0 +1,79 @@
+// Llama (HF transformers' LlamaForCausalLM): token embedding (no positions), n_layer decoder
+// layers (x += self_attn(input_layernorm(x)); x += mlp(post_attention_layernorm(x))), a final
+// RMSNorm and lm_head, untied or tied to embed_tokens (tie_word_embeddings). Attention is
+// grouped-query (n_kv_head key/value heads shared by n_head / n_kv_head query heads each, HF's
+// repeat_kv) with rotary position embeddings on q and k (rotate_half, rope_theta, and
+// rope_scaling of type llama3 for Llama 3.1/3.2); the MLP is SwiGLU (gate_proj, up_proj,
+// down_proj, intermediate_size); RMSNorm eps rms_norm_eps; no dropout. Biases where the config
+// asks: Llama's attention_bias (q, k, v and o_proj) and mlp_bias (gate, up, down), and Qwen2's
+// q/k/v biases (Qwen2ForCausalLM is this model with qkv_bias and nothing else different:
+// transformers 4.46.3 modeling_qwen2.py, q/k/v_proj bias=True, o_proj and the MLP bias=False).
+//
+// Parameter names are HF's state-dict keys, so a memtrade dump loads into LlamaForCausalLM
+// as is: model.embed_tokens.weight, model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,
+// model.layers.{i}.mlp.{gate,up,down}_proj.weight (and .bias where the config has them),
+// model.layers.{i}.{input,post_attention}_layernorm.weight, model.norm.weight, lm_head.weight
+// (absent when tied, as GPT's). Layouts are nn.Linear's (out, in). Init as HF's _init_weights:
+// normal(0, 0.02) (initializer_range) for every matrix, RMSNorm weights 1.
+//
+// What each layer saves: models/layers/{rmsnorm,attention,llama_mlp}.h; the block and head:
+// models/families/decoder.h. Forward, backward and FLOPs are the decoder's.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "models/config/hyper_fields.h"
+#include "models/families/decoder.h"
+
+namespace memtrade {
+
+// HF rope_scaling {"rope_type": "llama3", ...} (Llama 3.1/3.2); factor 0: no scaling.
+struct Llama3RopeScaling {
+  double factor = 0.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  std::int64_t original_max_position_embeddings = 8192;
+};
+
+struct LlamaConfig {
+  std::string name;
+  int n_layer = 2;    // num_hidden_layers
+  int n_head = 4;     // num_attention_heads
+  int n_kv_head = 2;  // num_key_value_heads
+  int n_embd = 64;    // hidden_size
+  int intermediate_size = 176;
+  int vocab_size = 256;
+  int block_size = 32;  // max_position_embeddings
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;  // rms_norm_eps
+  bool tie_word_embeddings = false;
+  Llama3RopeScaling rope_scaling{};  // none
+  int seq_len = 0;                   // T; 0 = block_size
+  ConfigFile file{};                 // set when read from a config file
+  // Last, so that the size table's positional rows stay as they are.
+  bool qkv_bias = false;  // q_proj, k_proj, v_proj biases (Qwen2; Llama's attention_bias)
+  bool o_bias = false;    // o_proj bias (Llama's attention_bias)
+  bool mlp_bias = false;  // gate, up and down_proj biases (Llama's mlp_bias)
+  std::string architecture = "LlamaForCausalLM";  // HF's class: LlamaForCausalLM, Qwen2ForCausalLM
+
+  RopeConfig rope() const;
+};
+
+// The hyper-parameters a model override may set (`llama-tiny:n_layer=4`), by hyper()'s keys.
+const std::vector<HyperField<LlamaConfig>>& llama_hyper_fields();
+
+class LlamaModel final : public DecoderModel<RmsNorm, LlamaMlp> {
+ public:
+  // Throws std::invalid_argument for shapes the layers cannot take (n_embd not a multiple of
+  // n_head, n_head not of n_kv_head, an odd head_dim, a rope config HF would divide by 0 with).
+  explicit LlamaModel(LlamaConfig cfg);
+  std::string name() const override { return cfg_.name; }
+  std::string family() const override { return "llama"; }
+  nlohmann::json hyper() const override;
+
+ private:
+  LlamaConfig cfg_;
+};
+
+}  // namespace memtrade

@@ -1,0 +1,114 @@
+#include "models/families/mlp.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "models/layers/loss.h"
+#include "models/train/data.h"
+
+namespace memtrade {
+
+MlpModel::MlpModel(MlpConfig cfg) : cfg_(std::move(cfg)) {
+  if (cfg_.hidden.empty()) throw std::invalid_argument(cfg_.name + ": an MLP needs a hidden layer");
+  std::int64_t in = cfg_.in_features;
+  const int n = static_cast<int>(cfg_.hidden.size());
+  for (int j = 0; j <= n; ++j) {
+    const std::int64_t out = j < n ? cfg_.hidden[j] : cfg_.classes;
+    const float std = 1.0f / std::sqrt(3.0f * static_cast<float>(in));
+    const int block = j < n ? j : -1;
+    layers_.push_back({add_param(fmt::format("layers.{}.weight", j), {out, in}, std, block),
+                       add_param(fmt::format("layers.{}.bias", j), {out}, 0, block), j > 0});
+    in = out;
+  }
+}
+
+nlohmann::json MlpModel::hyper() const {
+  std::vector<int> sizes{cfg_.in_features};
+  sizes.insert(sizes.end(), cfg_.hidden.begin(), cfg_.hidden.end());
+  sizes.push_back(cfg_.classes);
+  return {{"family", family()},    {"in_features", cfg_.in_features},
+          {"hidden", cfg_.hidden}, {"classes", cfg_.classes},
+          {"layer_sizes", sizes},  {"num_params", num_params()}};
+}
+
+void MlpModel::make_batch(std::uint64_t seed, std::int64_t first, std::int64_t batch,
+                          std::vector<float>& input, std::vector<std::int32_t>& targets) const {
+  make_feature_batch(seed, first, batch, cfg_.in_features, cfg_.classes, input, targets);
+}
+
+Tensor MlpModel::stem_forward(LayerCtx& c, const Tensor& input) {
+  // Block 0 saves its input, which the caller may reuse: keep a copy (B, in).
+  Tensor x = c.dev.empty(input.shape(), c.act, Category::activations);
+  c.ops().cast(x, input);
+  return x;
+}
+
+Tensor MlpModel::block_forward(LayerCtx& c, int block, const Tensor& x) {
+  const Linear& l = layers_[block];
+  const std::int64_t N = x.dim(0), out = cfg_.hidden[block];
+  // Under autocast block 0's linear reads the fp32 input through its 16-bit cast, and keeps the
+  // cast, not the input, as autograd does; the driver then does not save x (block_model.h).
+  Tensor cast;
+  const Tensor& in = c.cast_input(Op::linear, x, cast);
+  Tensor h = c.temp({N, out}, c.out_dtype(Op::linear, in));  // (N, out) pre-activation: the
+                                                             // ReLU backward uses the output
+  linear_forward(c, h, in, l);
+  if (cast.defined()) c.keep("x", std::move(cast));
+  Tensor r = c.dev.empty({N, out}, c.out_dtype(Op::relu, h), Category::activations);
+  c.ops().relu_forward(r, h);
+  return r;
+}
+
+Tensor MlpModel::head_forward(LayerCtx& c, Tensor x, const Tensor& targets) {
+  x = c.cast_input(Op::linear, std::move(x));
+  Tensor logits = c.act_tensor({x.dim(0), cfg_.classes}, c.out_dtype(Op::linear, x));
+  linear_forward(c, logits, x, layers_.back());
+  c.keep("x", std::move(x));
+  return crossentropy_loss_forward(c, std::move(logits), targets);
+}
+
+namespace {
+
+// d(pre-activation) of a ReLU output `r` from d(r): the mask its consumer applies.
+Tensor relu_mask(LayerCtx& c, const Tensor& d, const Tensor& r) {
+  Tensor out = c.temp_like(r);
+  c.ops().relu_backward(out, d, r);
+  return out;
+}
+
+}  // namespace
+
+Tensor MlpModel::head_backward(LayerCtx& c, float dloss) {
+  const Tensor& x = c.get("x");  // the last hidden ReLU output
+  Tensor dlogits = crossentropy_loss_backward(c, dloss, c.out_dtype(Op::linear, x));
+  Tensor dx = c.temp_like(x);
+  linear_backward(c, &dx, dlogits, x, layers_.back());
+  dlogits.reset();
+  return relu_mask(c, dx, x);
+}
+
+void MlpModel::block_backward(LayerCtx& c, int block, Tensor& dres) {
+  const Tensor& x = c.get("x");  // (N, in)
+  if (block == 0) {              // the input needs no gradient
+    linear_backward(c, nullptr, dres, x, layers_[0]);
+    dres.reset();
+    return;
+  }
+  Tensor dx = c.temp_like(x);
+  linear_backward(c, &dx, dres, x, layers_[block]);
+  dres.reset();
+  dres = relu_mask(c, dx, x);  // x is the previous block's ReLU output
+}
+
+double MlpModel::block_flops(std::int64_t batch, int block) const {
+  const double in = block == 0 ? cfg_.in_features : cfg_.hidden[block - 1];
+  return 2.0 * static_cast<double>(batch) * in * cfg_.hidden[block];
+}
+
+double MlpModel::head_flops(std::int64_t batch) const {
+  return 2.0 * static_cast<double>(batch) * cfg_.hidden.back() * cfg_.classes;
+}
+
+}  // namespace memtrade
