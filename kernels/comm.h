@@ -58,6 +58,17 @@ class Comm {
                           std::span<const std::int64_t> recv_counts) = 0;
   virtual void barrier() = 0;
 
+  // Overlap with the work that follows (DDP's buckets during backward, as torch's Reducer runs
+  // them on its process group's stream): start_all_reduce begins the sum of `t` over the ranks
+  // and may return before it is done; `t` is neither read nor written until wait_started()
+  // returns. Every rank starts the same collectives in the same order. progress() lets started
+  // collectives move (MPI moves a nonblocking collective only inside MPI calls); wait_started()
+  // returns once every started one is done (CUDA: once the compute stream waits for them).
+  // Backends that cannot overlap run the collective at once (the defaults).
+  virtual void start_all_reduce(Tensor& t) { all_reduce(t); }
+  virtual void progress() {}
+  virtual void wait_started() {}
+
   // Host values (losses, step times, peaks, overflow flags): every rank gets the result.
   virtual double all_reduce_sum(double v) = 0;
   virtual double all_reduce_max(double v) = 0;

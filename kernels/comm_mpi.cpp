@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -172,6 +173,28 @@ class MpiComm final : public Comm {
         "all_to_all");
   }
   void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "barrier"); }
+  // MPI_Iallreduce: Open MPI's nonblocking collectives move inside MPI calls (its libnbc
+  // schedules), which progress() makes between blocks of backward.
+  void start_all_reduce(Tensor& t) override {
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(MPI_Iallreduce(MPI_IN_PLACE, t.data(), as_int(t.numel(), "all_reduce"),
+                         mpi_type(t.dtype()), sum_op(t.dtype()), MPI_COMM_WORLD, &r),
+          "all_reduce (nonblocking)");
+    started_.push_back(r);
+  }
+  void progress() override {
+    if (started_.empty()) return;
+    int done = 0;
+    check(
+        MPI_Testall(static_cast<int>(started_.size()), started_.data(), &done, MPI_STATUSES_IGNORE),
+        "test");
+  }
+  void wait_started() override {
+    if (started_.empty()) return;
+    check(MPI_Waitall(static_cast<int>(started_.size()), started_.data(), MPI_STATUSES_IGNORE),
+          "wait");
+    started_.clear();
+  }
   double all_reduce_sum(double v) override { return reduce_host(v, MPI_SUM); }
   double all_reduce_max(double v) override { return reduce_host(v, MPI_MAX); }
   std::vector<std::int64_t> all_gather_host(std::span<const std::int64_t> mine) override {
@@ -191,6 +214,7 @@ class MpiComm final : public Comm {
     return out;
   }
   int rank_ = 0, size_ = 1;
+  std::vector<MPI_Request> started_;  // start_all_reduce's, until wait_started
 };
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_device.h"
 #endif
 
@@ -102,7 +103,15 @@ class NcclComm final : public Comm {
       throw std::runtime_error("NCCL: broadcasting the unique id over MPI failed");
     check(nccl().ncclCommInitRank(&comm_, host_->size(), id, host_->rank()), "comm_init_rank");
   }
-  ~NcclComm() override { nccl().ncclCommDestroy(comm_); }
+  ~NcclComm() override {
+    if (overlap_stream_ != nullptr) {
+      cudaStreamSynchronize(overlap_stream_);
+      cudaEventDestroy(ready_);
+      cudaEventDestroy(done_);
+      cudaStreamDestroy(overlap_stream_);
+    }
+    nccl().ncclCommDestroy(comm_);
+  }
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
   CommBackend backend() const override { return CommBackend::nccl; }
@@ -161,6 +170,27 @@ class NcclComm final : public Comm {
     cudaStreamSynchronize(stream_);
     host_->barrier();
   }
+  // On a stream of its own (torch's ProcessGroupNCCL: a stream per device, ordered after the
+  // compute stream's work by an event, and the compute stream after it by another).
+  void start_all_reduce(Tensor& t) override {
+    if (overlap_stream_ == nullptr) {
+      CUDA_CHECK(cudaStreamCreateWithFlags(&overlap_stream_, cudaStreamNonBlocking));
+      CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaEventRecord(ready_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(overlap_stream_, ready_, 0));
+    check(nccl().ncclAllReduce(t.data(), t.data(), static_cast<std::size_t>(t.numel()),
+                               nccl_type(t.dtype()), ncclSum, comm_, overlap_stream_),
+          "all_reduce");
+    started_ = true;
+  }
+  void wait_started() override {
+    if (!started_) return;
+    CUDA_CHECK(cudaEventRecord(done_, overlap_stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, done_, 0));
+    started_ = false;
+  }
   double all_reduce_sum(double v) override { return host_->all_reduce_sum(v); }
   double all_reduce_max(double v) override { return host_->all_reduce_max(v); }
   std::vector<std::int64_t> all_gather_host(std::span<const std::int64_t> mine) override {
@@ -185,6 +215,10 @@ class NcclComm final : public Comm {
   std::unique_ptr<Comm> host_;
   cudaStream_t stream_;
   ncclComm_t comm_ = nullptr;
+  // start_all_reduce's stream and events, made on first use; started_: some wait is owed.
+  cudaStream_t overlap_stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  bool started_ = false;
 };
 
 }  // namespace

@@ -166,8 +166,13 @@ void TrainerParamStore::make_buckets() {
   // DDP allocates its buckets when it wraps the model (Reducer::initialize_buckets).
   if (!ddp()) return;
   bucket_plan_ = ddp_buckets(specs_, place_.compute);
-  for (const DdpBucket& b : bucket_plan_)
+  for (const DdpBucket& b : bucket_plan_) {
     buckets_.push_back(dev_.empty({b.numel}, place_.compute, Category::grads));
+    int ready = b.params.empty() ? -1 : spec(b.params.front()).block;
+    for (int i : b.params) ready = std::min(ready, spec(i).block);  // -1: outside the blocks
+    bucket_ready_block_.push_back(ready);
+  }
+  bucket_started_.assign(bucket_plan_.size(), false);
 }
 
 TrainerParamStore::Slot& TrainerParamStore::slot(int index) {
@@ -270,10 +275,43 @@ void TrainerParamStore::block_grads_done(int block) {
     exit_block(block);  // the prefetch's reference; the model's exit_block frees the weights
   }
   if (!sync_ || layout_.ranks == 1) return;
+  if (ddp()) {
+    // DDP's Reducer: a bucket whose grads are all final is all-reduced while backward goes on.
+    // Buckets start as they become ready (the same order on every rank: backward's).
+    for (std::size_t b = 0; b < bucket_plan_.size(); ++b)
+      if (bucket_ready_block_[b] == block && !bucket_started_[b]) start_bucket(b);
+    if (comm_.moves_data()) comm_.progress();
+    return;
+  }
   if (place_.sharding != Sharding::zero2 && place_.sharding != Sharding::zero3) return;
   for (int i = 0; i < size(); ++i)
     if (spec(i).block == block && spec(i).trainable && slot(i).grad.defined())
       reduce_scatter_grad(i, dev_.ops());
+}
+
+void TrainerParamStore::start_bucket(std::size_t b) {
+  Tensor& bucket = buckets_[b];
+  auto* base = static_cast<unsigned char*>(bucket.data());
+  std::size_t off = 0;
+  for (int i : bucket_plan_[b].params) {
+    Slot& s = slot(i);
+    if (!s.grad.defined()) s.grad = dev_.empty(spec(i).shape, place_.compute, Category::grads);
+    dev_.copy(base + off, s.grad.data(), s.grad.nbytes(), CopyKind::device_to_device);
+    off += s.grad.nbytes();
+  }
+  if (comm_.moves_data()) comm_.start_all_reduce(bucket);
+  bucket_started_[b] = true;
+}
+
+void TrainerParamStore::finish_bucket(std::size_t b) {
+  auto* base = static_cast<unsigned char*>(buckets_[b].data());
+  std::size_t off = 0;
+  for (int i : bucket_plan_[b].params) {
+    Slot& s = slot(i);
+    dev_.copy(s.grad.data(), base + off, s.grad.nbytes(), CopyKind::device_to_device);
+    off += s.grad.nbytes();
+  }
+  bucket_started_[b] = false;
 }
 
 void TrainerParamStore::reduce_scatter_grad(int index, Ops& ops) {
@@ -294,26 +332,13 @@ void TrainerParamStore::reduce_grads(Ops& ops) {
   if (layout_.ranks == 1) return;
   ScopedRange range(dev_, "grad_reduce");
   if (ddp()) {
-    // DDP: each bucket gathers its grads, is all-reduced, and gives them back.
-    const std::vector<DdpBucket>& plan = bucket_plan_;
-    for (std::size_t b = 0; b < plan.size(); ++b) {
-      Tensor& bucket = buckets_[b];
-      auto* base = static_cast<unsigned char*>(bucket.data());
-      std::size_t off = 0;
-      for (int i : plan[b].params) {
-        Slot& s = slot(i);
-        if (!s.grad.defined()) s.grad = dev_.empty(spec(i).shape, place_.compute, Category::grads);
-        dev_.copy(base + off, s.grad.data(), s.grad.nbytes(), CopyKind::device_to_device);
-        off += s.grad.nbytes();
-      }
-      if (comm_.moves_data()) comm_.all_reduce(bucket);
-      off = 0;
-      for (int i : plan[b].params) {
-        Slot& s = slot(i);
-        dev_.copy(s.grad.data(), base + off, s.grad.nbytes(), CopyKind::device_to_device);
-        off += s.grad.nbytes();
-      }
-    }
+    // DDP: each bucket gathers its grads, is all-reduced (started during backward where its
+    // grads were final then: block_grads_done; the rest now, the buckets with parameters outside
+    // the blocks), and gives them back.
+    for (std::size_t b = 0; b < bucket_plan_.size(); ++b)
+      if (!bucket_started_[b]) start_bucket(b);
+    if (comm_.moves_data()) comm_.wait_started();
+    for (std::size_t b = 0; b < bucket_plan_.size(); ++b) finish_bucket(b);
     return;
   }
   for (int i = 0; i < size(); ++i) {

@@ -184,6 +184,10 @@ class TrainerParamStore final : public ParamStore {
   void gather_weight(int index);  // zero3: allocate the full weight and all-gather the parts
   void reduce_scatter_grad(int index, Ops& ops);
   void make_buckets();
+  // DDP's bucket b: its grads copied in and its all-reduce started; then, once every started
+  // all-reduce is done, copied back.
+  void start_bucket(std::size_t b);
+  void finish_bucket(std::size_t b);
   std::vector<float> gather_f32(int index, Tensor& part);  // every rank's part, whole, as fp32
 
   Device& dev_;
@@ -197,6 +201,11 @@ class TrainerParamStore final : public ParamStore {
   DataParallelLayout layout_;
   std::vector<DdpBucket> bucket_plan_;  // DDP's buckets (none, torch-zero1): which grads
   std::vector<Tensor> buckets_;         // and their flat buffers, one per bucket
+  // The block whose backward completes each bucket's grads (the lowest block among its
+  // parameters: backward runs from the last block down), -1 for a bucket with a parameter
+  // outside the blocks (complete only when backward ends); and whether a bucket has started.
+  std::vector<int> bucket_ready_block_;
+  std::vector<bool> bucket_started_;
   bool sync_ = true;
   std::vector<bool> prefetched_;  // zero3: blocks held by a backward prefetch
   std::vector<int> owner_;        // torch-zero1: each parameter's rank (empty otherwise)

@@ -1,7 +1,10 @@
 // TrainerParamStore on its own: initialisation, where copies live, gradient write semantics
 // and the block streaming protocol of offload=params.
 #include <cmath>
+#include <string>
+#include <vector>
 
+#include "kernels/comm.h"
 #include "models/train/param_store.h"
 #include "tests/models/test_trainer_util.h"
 
@@ -113,6 +116,94 @@ TEST(ParamStore, OffloadParamsStreamsBlocks) {
   EXPECT_TRUE(st.on_host(st.update_target(1)));
   st.enter_block(7);  // a block without parameters is fine
   st.exit_block(7);
+}
+
+// DDP's buckets overlap backward: a bucket is all-reduced (started) by the block_grads_done of the
+// lowest block among its parameters, during backward; buckets with a parameter outside the blocks
+// start in reduce_grads, which then waits for every started one and hands the sums back. Against
+// a recording group of 2 ranks whose sum doubles (both ranks hold the same grads).
+class RecordingComm final : public Comm {
+ public:
+  std::vector<std::string> log;
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  CommBackend backend() const override { return CommBackend::mpi; }
+  std::string name() const override { return "recording"; }
+  void all_reduce(Tensor&) override { log.push_back("all_reduce"); }
+  void start_all_reduce(Tensor& t) override {
+    log.push_back("start " + std::to_string(t.numel()));
+    pending_.push_back(&t);
+  }
+  void progress() override { log.push_back("progress"); }
+  void wait_started() override {
+    log.push_back("wait");
+    for (Tensor* t : pending_) {  // the sum over 2 ranks holding the same values
+      std::vector<float> v = dev->to_host_f32(*t);
+      for (float& x : v) x *= 2.0f;
+      dev->from_host_f32(*t, v);
+    }
+    pending_.clear();
+  }
+  void reduce_scatter(const Tensor&, Tensor&, std::span<const std::int64_t>) override {}
+  void all_gather(const Tensor&, Tensor&, std::span<const std::int64_t>) override {}
+  void all_gather_in_place(Tensor&, std::span<const std::int64_t>) override {}
+  void broadcast(Tensor&, int) override { log.push_back("broadcast"); }
+  void all_to_all(const Tensor&, std::span<const std::int64_t>, Tensor&,
+                  std::span<const std::int64_t>) override {}
+  void barrier() override {}
+  double all_reduce_sum(double v) override { return 2 * v; }
+  double all_reduce_max(double v) override { return v; }
+  std::vector<std::int64_t> all_gather_host(std::span<const std::int64_t> mine) override {
+    std::vector<std::int64_t> out(mine.begin(), mine.end());
+    out.insert(out.end(), mine.begin(), mine.end());
+    return out;
+  }
+  Device* dev = nullptr;
+
+ private:
+  std::vector<Tensor*> pending_;
+};
+
+TEST(ParamStore, DdpBucketsStartDuringBackwardOnceTheirGradsAreFinal) {
+  auto dev = cpu_device();
+  // Buckets in registration order (DDP's first, 1 MiB; then 25 MiB): {emb, b0.w} (emb is
+  // outside the blocks), then {b1.w, b2.w}, complete once block 1's backward is done.
+  const std::vector<ParamSpec> s = {{"emb", {16, 16}, 0.02f, -1, true},
+                                    {"b0.w", {512, 512}, 0.02f, 0, true},
+                                    {"b1.w", {512, 512}, 0.02f, 1, true},
+                                    {"b2.w", {512, 512}, 0.02f, 2, true}};
+  RecordingComm comm;
+  comm.dev = dev.get();
+  TrainerParamStore st(*dev, s, ParamPlacement{}, 3, comm);
+  st.begin_step(ZeroGrad::set_to_none, dev->ops());
+  auto fill = [&](int i, float v) {
+    GradRef g = st.grad(i);
+    dev->from_host_f32(g.t, std::vector<float>(static_cast<std::size_t>(g.t.numel()), v));
+  };
+  for (bool sync : {false, true}) {  // no_sync's micro-batch starts nothing
+    comm.log.clear();
+    st.set_sync(sync);
+    for (int block = 2; block >= 0; --block) {
+      fill(block + 1, static_cast<float>(block + 1));
+      st.block_grads_done(block);
+      if (!sync) continue;
+      const std::vector<std::string> want =
+          block == 2 ? std::vector<std::string>{"progress"}
+          : block == 1
+              ? std::vector<std::string>{"progress", "start 524288", "progress"}
+              : std::vector<std::string>{"progress", "start 524288", "progress", "progress"};
+      EXPECT_EQ(comm.log, want) << "after block " << block;
+    }
+    if (!sync) {
+      EXPECT_TRUE(comm.log.empty());
+    }
+  }
+  fill(0, 0.5f);
+  st.reduce_grads(dev->ops());
+  const std::vector<std::string> tail(comm.log.end() - 2, comm.log.end());
+  EXPECT_EQ(tail, (std::vector<std::string>{"start 262400", "wait"}));
+  for (int i = 0; i < 4; ++i)
+    for (float x : st.grad_f32(i)) ASSERT_EQ(x, i == 0 ? 1.0f : 2.0f * static_cast<float>(i));
 }
 
 }  // namespace

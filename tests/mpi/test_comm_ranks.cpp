@@ -40,6 +40,33 @@ TEST_F(Ranks, AllReduceSumsF32AndBf16) {
   }
 }
 
+// Started all-reduces (DDP's buckets during backward): several in flight at once, F32 and BF16,
+// progressed between other work, each equal to the blocking one once wait_started returns.
+TEST_F(Ranks, StartedAllReducesMatchTheBlockingOneAfterWait) {
+  const int r = comm().rank();
+  std::vector<Tensor> started, blocking;
+  for (DType t : {DType::F32, DType::BF16, DType::F32}) {
+    std::vector<float> v(3000);
+    for (int i = 0; i < 3000; ++i)
+      v[i] = static_cast<float>((i * 7 + static_cast<int>(started.size())) % 29) * 0.125f +
+             static_cast<float>(r);
+    started.push_back(make(3000, t));
+    blocking.push_back(make(3000, t));
+    dev->from_host_f32(started.back(), v);
+    dev->from_host_f32(blocking.back(), v);
+    comm().start_all_reduce(started.back());
+    comm().progress();
+  }
+  for (Tensor& b : blocking) comm().all_reduce(b);
+  comm().wait_started();
+  for (std::size_t k = 0; k < started.size(); ++k) {
+    const std::vector<float> got = dev->to_host_f32(started[k]),
+                             want = dev->to_host_f32(blocking[k]);
+    for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << k << " " << i;
+  }
+  comm().wait_started();  // nothing started: returns at once
+}
+
 TEST_F(Ranks, ReduceScatterAndAllGatherUnevenParts) {
   const int r = comm().rank();
   const std::int64_t n = 7;  // parts 4 and 3
