@@ -61,7 +61,8 @@ def torch_peak(meta, kind, impl):
     """Peak live bytes of torch's second optimizer step over memtrade's parameters."""
     from torch.profiler import ProfilerActivity, profile
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in meta["shapes"]]
+    # meta["params"]: the names in memtrade's order (the for-loop's peak depends on it)
+    params = [torch.nn.Parameter(torch.randn(*meta["shapes"][n])) for n in meta["params"]]
     opt = torch_models.make_optimizer(meta["optimizer_hyper"], params,
                                       impl=impl)
     for p in params:
