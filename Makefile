@@ -1,7 +1,8 @@
 # memtrade — two commands do everything on a fresh machine:
 #   make run    set up, build, run the main job (results under out/)
 #   make test   set up, build, run every test
-# Other targets: build, docs, bench, peer (PyTorch comparison), format, format-check, clean.
+# Other targets: build, docs, bench, peer (PyTorch comparison), whole-step (the whole step's peak
+# against PyTorch's, docs/pytorch.md), format, format-check, clean.
 BUILD      ?= build
 CMAKE_ARGS ?=
 JOBS       ?= $(shell nproc)
@@ -9,7 +10,7 @@ PYTHON     := /usr/bin/python3
 SHELL      := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all setup configure build test run docs bench peer format format-check clean
+.PHONY: all setup configure build test run docs bench peer whole-step format format-check clean
 
 all: build
 
@@ -86,6 +87,15 @@ bench: build
 # PEER_ARGS: more flags for compare_cpu.py, e.g. --isa avx2 (both sides kept off AVX-512) or --cpu.
 peer: build
 	@$(PYTHON) bench/peers/compare_cpu.py --memtrade $(BUILD)/memtrade $(PEER_ARGS)
+
+# The whole step's peak against PyTorch eager's (docs/pytorch.md, "The whole step"): every model
+# × checkpoint × precision × optimizer × accumulation × zero_grad with for-loop optimizers, plus
+# SGD and Adam foreach/forloop at b1 × a2. `make test` runs a subset (tests/python/test_whole_step.py).
+WHOLE_STEP_MODELS ?= gpt-tiny,llama-tiny,mlp-tiny,cnn-tiny
+whole-step: build
+	@OMP_WAIT_POLICY=passive $(PYTHON) bench/peers/whole_step.py --memtrade $(BUILD)/memtrade \
+	  --models $(WHOLE_STEP_MODELS) --warmup 1 --threads 1 --foreach-rows \
+	  --json $(BUILD)/whole-step.json --markdown docs/pytorch.md
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')

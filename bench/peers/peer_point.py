@@ -31,6 +31,8 @@ def skip_reason(cfg, device):
     if prec in ("fp16-o2", "bf16-o2"):
         return (f"precision={prec}: O2 mixed precision (16-bit weights and activations, fp32 "
                 f"master) has no PyTorch eager counterpart")
+    if cfg.get("optimizer_impl") == "fused" and device != "cuda":
+        return "optimizer_impl=fused: torch.optim's fused kernels are CUDA's in torch 1.13"
     policy = cfg["autocast_policy"]
     if prec in ("fp16", "bf16") and policy != f"torch-{device}":
         return (f"autocast_policy={policy}: torch.autocast on {device} follows PyTorch's "
@@ -150,7 +152,9 @@ def run_point(spec):
         if family in ("gpt", "llama") else 1
 
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch_models.make_optimizer(resolved["optimizer_hyper"], params) if train else None
+    # memtrade's optimizer_impl (absent in results before it: torch's own default).
+    opt = torch_models.make_optimizer(resolved["optimizer_hyper"], params,
+                                      cfg.get("optimizer_impl")) if train else None
     scaler = grad_scaler(torch, resolved) if (train and prec == "fp16" and cuda) else None
     # fp16-pure: [scale, clean steps since the last change], memtrade's loss-scale settings.
     manual_scale = [float(resolved["loss_scale_init"]), 0]

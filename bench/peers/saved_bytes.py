@@ -46,6 +46,7 @@ import memtrade_side  # noqa: E402
 import torch  # noqa: E402
 import torch_models  # noqa: E402
 import torch_saved  # noqa: E402
+import whole_step  # noqa: E402
 from memtrade_side import BadInput  # noqa: E402
 
 AUTOCAST_MODES = ("auto",) + torch_saved.AUTOCAST
@@ -348,7 +349,13 @@ def main(argv=None):
         cpu = next((l.split(":", 1)[1].strip() for l in
                     pathlib.Path("/proc/cpuinfo").read_text().splitlines()
                     if l.startswith("model name")), platform.processor() or "this machine")
-        pathlib.Path(args.markdown).write_text(markdown_page(rows, cpu, torch.__version__))
+        page = pathlib.Path(args.markdown)
+        text = markdown_page(rows, cpu, torch.__version__)
+        # The whole step's section (bench/peers/whole_step.py writes it) stays as it was.
+        section = whole_step.section_of(page.read_text()) if page.exists() else None
+        if section:
+            text = text.rstrip("\n") + "\n\n" + section + "\n"
+        page.write_text(text)
     return 0
 
 

@@ -386,28 +386,32 @@ def build(family, hyper):
     raise ValueError(f"no PyTorch twin for model family {family!r}")
 
 
-def make_optimizer(hyper, params):
+def make_optimizer(hyper, params, impl=None):
     """torch.optim for memtrade's resolved optimizer ("optimizer_hyper" of `run --list --json`
     or a step dump's meta.json): the kind and every hyper-parameter come from memtrade, none is
-    chosen here."""
+    chosen here. `impl`: memtrade's optimizer_impl as torch.optim's flags (foreach: foreach=True,
+    _multi_tensor_*; forloop: foreach=False; fused: fused=True; None: torch's default)."""
     h, kind = hyper, hyper["kind"]
+    impl = {None: {}, "foreach": {"foreach": True}, "forloop": {"foreach": False},
+            "fused": {"fused": True}}[impl]
     if kind == "sgd":
-        return torch.optim.SGD(params, lr=h["lr"], weight_decay=h["weight_decay"])
+        return torch.optim.SGD(params, lr=h["lr"], weight_decay=h["weight_decay"], **impl)
     if kind == "sgd-momentum":
         return torch.optim.SGD(params, lr=h["lr"], momentum=h["momentum"],
                                dampening=h["dampening"], nesterov=h["nesterov"],
-                               weight_decay=h["weight_decay"])
+                               weight_decay=h["weight_decay"], **impl)
     if kind in ("adam", "adamw"):
         cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
         return cls(params, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
-                   weight_decay=h["weight_decay"])
+                   weight_decay=h["weight_decay"], **impl)
     if kind == "adagrad":
         return torch.optim.Adagrad(params, lr=h["lr"], lr_decay=h["lr_decay"], eps=h["eps"],
                                    weight_decay=h["weight_decay"],
-                                   initial_accumulator_value=h["initial_accumulator_value"])
+                                   initial_accumulator_value=h["initial_accumulator_value"],
+                                   **impl)
     if kind == "rmsprop":
         return torch.optim.RMSprop(params, lr=h["lr"], alpha=h["alpha"], eps=h["eps"],
-                                   weight_decay=h["weight_decay"])
+                                   weight_decay=h["weight_decay"], **impl)
     raise ValueError(f"no torch.optim counterpart for optimizer {kind!r}")
 
 

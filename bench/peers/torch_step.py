@@ -30,6 +30,8 @@ How each knob maps onto PyTorch eager:
               segments); selective has no eager equivalent -> skipped.
   offload     activations: torch.autograd.graph.save_on_cpu(pin_memory=True); optimizer and
               params have no eager equivalent -> skipped.
+  optimizer_impl  foreach: torch.optim's foreach=True (_multi_tensor_*); forloop: foreach=False;
+              fused: fused=True (CUDA only in torch 1.13 -> skipped on the CPU).
   zero_grad   optimizer.zero_grad(set_to_none=...) after every step (grads of set_to_none are
               freed before the next forward; zero keeps them resident, zero-filled).
   mode        eval: model.eval() + torch.no_grad(), forward only, no optimizer.

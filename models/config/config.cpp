@@ -47,6 +47,11 @@ constexpr std::array<std::pair<std::string_view, OptimizerKind>, 6> kOptimizers{
     {"adagrad", OptimizerKind::adagrad},
     {"rmsprop", OptimizerKind::rmsprop},
 }};
+constexpr std::array<std::pair<std::string_view, OptimizerImpl>, 3> kOptimizerImpls{{
+    {"foreach", OptimizerImpl::foreach},
+    {"forloop", OptimizerImpl::forloop},
+    {"fused", OptimizerImpl::fused},
+}};
 constexpr std::array<std::pair<std::string_view, Offload>, 4> kOffloads{{
     {"none", Offload::none},
     {"activations", Offload::activations},
@@ -137,6 +142,9 @@ std::string_view precision_name(Precision p) {
 std::string_view optimizer_name(OptimizerKind o) {
   return name_of(kOptimizers, o);
 }
+std::string_view optimizer_impl_name(OptimizerImpl i) {
+  return name_of(kOptimizerImpls, i);
+}
 std::string_view offload_name(Offload o) {
   return name_of(kOffloads, o);
 }
@@ -162,6 +170,9 @@ std::optional<Precision> parse_precision(std::string_view s) {
 std::optional<OptimizerKind> parse_optimizer(std::string_view s) {
   return lookup(kOptimizers, s);
 }
+std::optional<OptimizerImpl> parse_optimizer_impl(std::string_view s) {
+  return lookup(kOptimizerImpls, s);
+}
 std::optional<Offload> parse_offload(std::string_view s) {
   return lookup(kOffloads, s);
 }
@@ -186,6 +197,9 @@ std::vector<std::string> precision_names() {
 }
 std::vector<std::string> optimizer_names() {
   return names(kOptimizers);
+}
+std::vector<std::string> optimizer_impl_names() {
+  return names(kOptimizerImpls);
 }
 std::vector<std::string> offload_names() {
   return names(kOffloads);

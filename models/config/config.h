@@ -37,6 +37,11 @@ enum class Precision : std::uint8_t {
   fp16_pure,
   bf16_pure
 };
+// How torch.optim runs the update (torch/optim of PyTorch 2.x; models/train/optimizer.h has the
+// temporaries of each): foreach = _multi_tensor_<kind>, PyTorch's default on CUDA since 2.0 (its
+// temporaries the size of a whole parameter group's state); forloop = _single_tensor_<kind>, the
+// CPU default (one parameter's temporaries at a time); fused = fused=True (none).
+enum class OptimizerImpl : std::uint8_t { foreach, forloop, fused };
 enum class Offload : std::uint8_t { none, activations, optimizer, params };
 enum class ZeroGrad : std::uint8_t { set_to_none, zero };
 enum class Mode : std::uint8_t { train, eval };
@@ -91,6 +96,7 @@ struct TrainConfig {
   // data_parallel × batch_size × accumulation), and what is sharded over them.
   std::int64_t data_parallel = 1;
   Sharding sharding = Sharding::none;
+  OptimizerImpl optimizer_impl = OptimizerImpl::foreach;
 };
 
 // The samples one optimizer step averages over: data_parallel × batch_size × accumulation.
@@ -101,6 +107,7 @@ bool needs_cuda(const TrainConfig& c);
 // Spellings (the contract) and their parsers; parsers return nullopt on unknown text.
 std::string_view precision_name(Precision p);
 std::string_view optimizer_name(OptimizerKind o);
+std::string_view optimizer_impl_name(OptimizerImpl i);  // "foreach", "forloop", "fused"
 std::string_view offload_name(Offload o);
 std::string_view zero_grad_name(ZeroGrad z);
 std::string_view mode_name(Mode m);
@@ -110,6 +117,7 @@ std::string_view attention_kind_name(AttentionKind a);  // "math", "flash"
 std::string_view sharding_name(Sharding s);             // "none", "zero1", "zero2", "zero3"
 std::optional<Precision> parse_precision(std::string_view s);
 std::optional<OptimizerKind> parse_optimizer(std::string_view s);
+std::optional<OptimizerImpl> parse_optimizer_impl(std::string_view s);
 std::optional<Offload> parse_offload(std::string_view s);
 std::optional<ZeroGrad> parse_zero_grad(std::string_view s);
 std::optional<Mode> parse_mode(std::string_view s);
@@ -121,6 +129,7 @@ std::optional<Sharding> parse_sharding(std::string_view s);
 // All accepted spellings of each axis, for help texts and error messages.
 std::vector<std::string> precision_names();
 std::vector<std::string> optimizer_names();
+std::vector<std::string> optimizer_impl_names();
 std::vector<std::string> offload_names();
 std::vector<std::string> zero_grad_names();
 std::vector<std::string> mode_names();

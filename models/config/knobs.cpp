@@ -379,6 +379,34 @@ std::vector<Knob> make_table() {
   sharding.applies = [](const TrainConfig& c) { return c.data_parallel > 1; };
   t.push_back(std::move(sharding));
 
+  // How torch.optim runs the update (models/train/optimizer.h): only the memory of the step
+  // differs (its temporaries), never the update's arithmetic. Not where there is no optimizer
+  // step on the device (eval; offload optimizer: ZeRO-Offload's host update, DeepSpeed's fused
+  // CPU Adam).
+  Knob impl = enum_knob(
+      "optimizer_impl", "--optimizer-impl", "opt-",
+      "How torch.optim (2.x) runs the update: foreach (_multi_tensor_*, PyTorch's CUDA default "
+      "since 2.0: temporaries the size of the whole state, per parameter group and dtype), "
+      "forloop (_single_tensor_*, its CPU default: one parameter's at a time) or fused "
+      "(fused=True: none; not for rmsprop)",
+      &TrainConfig::optimizer_impl, optimizer_impl_name, parse_optimizer_impl,
+      optimizer_impl_names);
+  impl.id_rule = IdRule::non_default;
+  impl.applies = [](const TrainConfig& c) {
+    return c.mode == Mode::train && c.offload != Offload::optimizer;
+  };
+  impl.resolve = [](TrainConfig& c) -> std::optional<std::string> {
+    const bool applies = c.mode == Mode::train && c.offload != Offload::optimizer;
+    if (applies && c.optimizer_impl == OptimizerImpl::fused &&
+        c.optimizer == OptimizerKind::rmsprop)
+      return std::string(
+          "fused with optimizer rmsprop: torch.optim.RMSprop has no fused implementation (torch "
+          "2.x: adam, adamw, sgd and adagrad have one); use foreach or forloop");
+    return std::nullopt;
+  };
+  impl.cost = CostDriver::params;
+  t.push_back(std::move(impl));
+
   for (Knob& k : t) {
     if (!k.id_text) k.id_text = k.get;
     if (!k.applies) k.applies = [](const TrainConfig&) { return true; };

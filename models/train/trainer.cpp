@@ -127,7 +127,8 @@ StepResult Trainer::step() {
   Ops& ops = dev_.ops();
 
   if (train) {
-    if (!optimizer_) optimizer_ = std::make_unique<Optimizer>(hyper_, store_.size());
+    if (!optimizer_)
+      optimizer_ = std::make_unique<Optimizer>(hyper_, store_.size(), cfg_.optimizer_impl);
     Phase phase(dev_, "optimizer");  // zero_grad belongs to the optimizer
     ScopedRange range(dev_, "zero_grad");
     store_.begin_step(cfg_.zero_grad, ops);

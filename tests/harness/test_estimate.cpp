@@ -64,7 +64,9 @@ TEST(EstimateCuda, SixteenBitAndConvNeedNoCpuWorkspace) {
 // fp16/bf16 points were renamed fp16-o2/bf16-o2 (what they are) and the new, empty `casts`
 // category added, its numbers untouched: O2 still allocates exactly what fp16/bf16 did. When
 // GPT's selective checkpointing became Megatron's (attention core only; the GELU input is kept),
-// its 8 GPT selective points were re-recorded: the one deliberate change of the figures.
+// its 8 GPT selective points were re-recorded. When the optimizer step gained torch.optim's
+// temporaries (optimizer_impl, foreach by default: PyTorch's CUDA default), the fixture was
+// regenerated with the new axis among the covered pairs: the second deliberate change.
 TEST(EstimateFixture, EveryFigureIsAsRecorded) {
   const auto fixture = testing::json::parse(testing::read_file(
       std::string(MEMTRADE_SOURCE_DIR) + "/tests/harness/fixtures/estimate_fixture.json"));

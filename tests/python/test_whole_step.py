@@ -1,0 +1,68 @@
+"""The whole step's peak against PyTorch eager's (bench/peers/whole_step.py), on a subset that
+keeps `make test` short; the full table is `make whole-step` (docs/pytorch.md, "The whole step").
+
+Issue 28 asks for every row within 1%. memtrade does not yet model what eager PyTorch holds
+through backward (each op's input gradients and backward temporaries, AccumulateGrad's buffers,
+checkpoint's recompute), so today's rows miss by up to 15% (docs/pytorch.md names the worst
+row). RECORDED holds each row's gap as measured (AMD EPYC Zen 5, torch 1.13): a change to either
+side's memory moves it and fails here, and is recorded again on purpose (as the baselines are),
+with the goal of 0 for every row.
+"""
+import pathlib
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "peers"))
+import whole_step  # noqa: E402
+
+# (model, checkpoint, optimizer) -> memtrade's gap to PyTorch, % of PyTorch's peak.
+RECORDED = {
+    ("gpt-tiny", "0", "sgd"): -6.27, ("gpt-tiny", "0", "adam"): -6.27,
+    ("gpt-tiny", "1", "sgd"): +14.45, ("gpt-tiny", "1", "adam"): +14.45,
+    ("mlp-tiny", "0", "sgd"): +3.51, ("mlp-tiny", "0", "adam"): -0.02,
+    ("mlp-tiny", "1", "sgd"): -13.28, ("mlp-tiny", "1", "adam"): -0.02,
+    ("cnn-tiny", "0", "sgd"): +5.34, ("cnn-tiny", "0", "adam"): +5.34,
+    ("cnn-tiny", "1", "sgd"): +15.10, ("cnn-tiny", "1", "adam"): +15.10,
+}
+TOLERANCE = 0.1  # percentage points: both sides are deterministic; this absorbs rounding only
+ROWS = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def table():
+    yield
+    if ROWS:
+        print("\n" + "\n".join(whole_step.markdown_table(ROWS)))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("checkpoint", ["0", "1"])
+@pytest.mark.parametrize("model", ["gpt-tiny", "mlp-tiny", "cnn-tiny"])
+def test_whole_step_peak_near_pytorch(memtrade_bin, model, checkpoint, optimizer):
+    row = whole_step.measure(memtrade_bin, 8, (model, checkpoint, "fp32", optimizer, "1",
+                                               "set_to_none", "forloop"), warmup=1, threads=1)
+    ROWS.append(row)
+    recorded = RECORDED[(model, checkpoint, optimizer)]
+    assert abs(100 * row["gap_rel"] - recorded) <= TOLERANCE, (
+        f"{row['point']}: memtrade {row['memtrade']:,} B, PyTorch {row['pytorch']:,} B, gap "
+        f"{100 * row['gap_rel']:+.2f}% (recorded {recorded:+.2f}%)")
+
+
+def test_foreach_adds_the_state_sized_temporary_where_the_step_peaks(memtrade_bin):
+    """b1 × a2 on mlp-tiny: activations are small and the optimizer step is the peak on both
+    sides, so foreach's peak minus the for-loop's is the square roots of every exp_avg_sq (2.x's
+    code) minus the for-loop's largest (previous denom + sqrt + quotient) in memtrade, and in
+    PyTorch 1.13 exactly one whole fp32 state more (its `denom` list): the optimizer step's
+    temporaries, seen through the whole step on both sides."""
+    rows = {impl: whole_step.measure(memtrade_bin, 1, ("mlp-tiny", "0", "fp32", "adam", "2",
+                                                       "set_to_none", impl), warmup=1, threads=1)
+            for impl in ("forloop", "foreach")}
+    assert rows["forloop"]["memtrade_peak_phase"] == "optimizer"
+    assert rows["foreach"]["memtrade_peak_phase"] == "optimizer"
+    mem = rows["foreach"]["memtrade"] - rows["forloop"]["memtrade"]
+    ref = rows["foreach"]["pytorch"] - rows["forloop"]["pytorch"]
+    n = rows["foreach"]["num_params"]
+    # torch's scalar tensors: a few hundred bytes (tests/python/test_optimizer_impl.py)
+    assert abs(ref - mem - 4 * n) <= 512, (mem, ref, n)
