@@ -40,6 +40,9 @@ constexpr std::string_view kArchitectures =
     "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM "
     "and GPT2LMHeadModel";
 
+// head_dim as a projection's split: at most what the rotary kernels take (kernels/ops.h).
+constexpr DecoderBound kMaxHeadDim{"head dim", kRopeMaxHeadDim};
+
 // No bound beyond what an int holds (a value the model does not size itself by).
 constexpr DecoderBound kAnyInt{"", std::numeric_limits<int>::max()};
 
@@ -151,7 +154,7 @@ LlamaConfig llama_from(const json& j, const ConfigFile& file, const std::string&
     // config.head_dim (default the same), Qwen3's too (Qwen3Config's default 128): the
     // projections are NH·head_dim wide, whatever C is.
     if (k.has("head_dim"))
-      c.head_dim = k.positive_int("head_dim", kMaxHeads);
+      c.head_dim = k.positive_int("head_dim", kMaxHeadDim);
     else if (qwen3)
       c.head_dim = 128;
   } else if (k.has("head_dim") && std::int64_t{k.positive_int("head_dim")} * c.n_head != c.n_embd) {
