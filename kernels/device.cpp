@@ -1,5 +1,6 @@
 #include "kernels/device.h"
 
+#include <cstddef>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -47,6 +48,13 @@ void Device::count_transfer(CopyKind kind, std::size_t bytes) {
     case CopyKind::host_to_host:
       break;
   }
+}
+
+void Device::copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                     std::size_t width, std::size_t rows, CopyKind kind, StreamKind stream) {
+  for (std::size_t r = 0; r < rows; ++r)
+    copy(static_cast<std::byte*>(dst) + r * dpitch, static_cast<const std::byte*>(src) + r * spitch,
+         width, kind, stream);
 }
 
 std::unique_ptr<Ops> Device::make_host_ops() const {

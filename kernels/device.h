@@ -63,6 +63,12 @@ class Device {
   // (host memory must be pinned for true asynchrony).
   virtual void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind,
                     StreamKind stream = StreamKind::compute) = 0;
+  // `rows` rows of `width` bytes, row r from src + r·spitch to dst + r·dpitch (cudaMemcpy2DAsync):
+  // a column block of a row-major matrix, e.g. one half of Phi-3's fused gate_up output. The
+  // default is one copy() per row.
+  virtual void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                       std::size_t width, std::size_t rows, CopyKind kind,
+                       StreamKind stream = StreamKind::compute);
   virtual void synchronize() = 0;  // every stream
   virtual void synchronize(StreamKind stream) = 0;
   virtual std::unique_ptr<Event> make_event() = 0;

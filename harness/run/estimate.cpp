@@ -72,6 +72,10 @@ class MetaDevice final : public Device {
      : phase == "optimizer" ? copied_optimizer
                             : copied_passes) += static_cast<std::int64_t>(bytes);
   }
+  void copy_2d(void* dst, std::size_t, const void* src, std::size_t, std::size_t width,
+               std::size_t rows, CopyKind kind, StreamKind stream) override {
+    copy(dst, src, width * rows, kind, stream);  // one count, not one call per row
+  }
   void synchronize() override {}
   void synchronize(StreamKind) override {}
   std::unique_ptr<Event> make_event() override { return std::make_unique<MetaEvent>(); }

@@ -157,6 +157,13 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), this->stream(stream)));
     count_transfer(kind, bytes);
   }
+  void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+               std::size_t width, std::size_t rows, CopyKind kind, StreamKind stream) override {
+    if (width == 0 || rows == 0) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, memcpy_kind(kind),
+                                 this->stream(stream)));
+    count_transfer(kind, width * rows);
+  }
   void synchronize() override {
     CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
     CUDA_CHECK(cudaStreamSynchronize(copy_.get()));

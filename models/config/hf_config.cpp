@@ -36,6 +36,13 @@ std::optional<std::int64_t> as_int64(const json& v) {
   return std::nullopt;
 }
 
+constexpr std::string_view kArchitectures =
+    "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM "
+    "and GPT2LMHeadModel";
+
+// head_dim as a projection's split: at most what the rotary kernels take (kernels/ops.h).
+constexpr DecoderBound kMaxHeadDim{"head dim", kRopeMaxHeadDim};
+
 // No bound beyond what an int holds (a value the model does not size itself by).
 constexpr DecoderBound kAnyInt{"", std::numeric_limits<int>::max()};
 
@@ -117,11 +124,15 @@ Llama3RopeScaling llama3_scaling(const json& s) {
   return r;
 }
 
-// LlamaForCausalLM, and the architectures that are it with other defaults or biases
-// (transformers 4.46.3: modeling_llama.py, modeling_qwen2.py).
+// LlamaForCausalLM, and the architectures that are it with another mapping of their keys
+// (transformers 4.46.3: modeling_llama.py, modeling_qwen2.py, modeling_mistral.py,
+// modeling_phi3.py; Qwen3, which 4.46.3 lacks: 4.51.0's modeling_qwen3.py). One place per family
+// below says what it reads differently.
 LlamaConfig llama_from(const json& j, const ConfigFile& file, const std::string& arch) {
   const Keys k(j, arch.c_str());
-  const bool qwen2 = arch == "Qwen2ForCausalLM";
+  const bool llama = arch == "LlamaForCausalLM", qwen2 = arch == "Qwen2ForCausalLM";
+  const bool mistral = arch == "MistralForCausalLM", phi3 = arch == "Phi3ForCausalLM";
+  const bool qwen3 = arch == "Qwen3ForCausalLM";
   LlamaConfig c;
   c.name = file.name;
   c.file = file;
@@ -133,28 +144,74 @@ LlamaConfig llama_from(const json& j, const ConfigFile& file, const std::string&
   c.block_size = k.positive_int("max_position_embeddings", kMaxPositions);
   c.n_kv_head = k.positive_int("num_key_value_heads", c.n_head, kMaxHeads);
   c.rope_theta = k.positive_number("rope_theta", 10000.0);
-  c.norm_eps = k.positive_number("rms_norm_eps", 1e-6);
+  // The configs' defaults: LlamaConfig's, Qwen2Config's and MistralConfig's 1e-6, Phi3Config's
+  // 1e-5.
+  c.norm_eps = k.positive_number("rms_norm_eps", phi3 ? 1e-5 : 1e-6);
   c.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
   c.architecture = arch;
-  // heads × head_dim in 64 bits: in an int, 4 × 1073741840 wraps to 64.
-  if (k.has("head_dim") && std::int64_t{k.positive_int("head_dim")} * c.n_head != c.n_embd)
+  if (llama || mistral || qwen3) {
+    // LlamaAttention reads getattr(config, "head_dim", hidden_size // num_heads), Mistral's
+    // config.head_dim (default the same), Qwen3's too (Qwen3Config's default 128): the
+    // projections are NH·head_dim wide, whatever C is.
+    if (k.has("head_dim"))
+      c.head_dim = k.positive_int("head_dim", kMaxHeadDim);
+    else if (qwen3)
+      c.head_dim = 128;
+  } else if (k.has("head_dim") && std::int64_t{k.positive_int("head_dim")} * c.n_head != c.n_embd) {
+    // Qwen2's and Phi-3's attention take hidden_size / num_heads (and HF refuses another split);
+    // a head_dim key that says otherwise is a config for another model. (64 bits: in an int,
+    // 4 × 1073741840 wraps to 64.)
+    fail(fmt::format("unsupported head_dim {}: {} has hidden_size / num_attention_heads = {}/{}",
+                     k.positive_int("head_dim"), arch, c.n_embd, c.n_head));
+  }
+  if (!c.head_dim && c.n_embd % c.n_head != 0)
+    fail(fmt::format("hidden_size {} is not divisible by num_attention_heads {}", c.n_embd,
+                     c.n_head));
+  // Mistral's rotary embedding reads no rope_scaling (MistralRotaryEmbedding(head_dim,
+  // max_position_embeddings, base)); Phi-3's longrope is not memtrade's.
+  if (llama || qwen2 || qwen3) {
+    if (k.has("rope_scaling")) c.rope_scaling = llama3_scaling(j.at("rope_scaling"));
+  } else if (phi3 && k.has("rope_scaling")) {
     fail(
-        fmt::format("unsupported head_dim {}: memtrade's Llama has hidden_size / "
-                    "num_attention_heads = {}/{}",
-                    k.positive_int("head_dim"), c.n_embd, c.n_head));
-  if (k.has("rope_scaling")) c.rope_scaling = llama3_scaling(j.at("rope_scaling"));
+        fmt::format("unsupported rope_scaling {} (memtrade's Phi-3 has plain rotary embeddings, "
+                    "rope_scaling null)",
+                    echo_json(j.at("rope_scaling"))));
+  }
   k.require("hidden_act", std::string("silu"), k.text("hidden_act", "silu"),
             "the MLP is SwiGLU, silu");
-  if (qwen2) {
+  if (qwen3) {
+    // Qwen3Attention (transformers 4.51.0 modeling_qwen3.py): q/k/v and o_proj bias =
+    // attention_bias (default false), q_norm and k_norm; Qwen3MLP bias-free. The sliding window
+    // as Qwen2's.
+    c.qk_norm = true;
+    c.qkv_bias = c.o_bias = k.boolean("attention_bias", false);
+    k.require("use_sliding_window", false, k.boolean("use_sliding_window", false),
+              "full causal attention in every layer");
+  } else if (qwen2) {
     // Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False; no attention_bias or mlp_bias key.
     c.qkv_bias = true;
     // A window of use_sliding_window limits attention to the last sliding_window tokens in the
     // layers from max_window_layers on; memtrade's Qwen2 attends to every earlier token.
     k.require("use_sliding_window", false, k.boolean("use_sliding_window", false),
               "full causal attention in every layer");
-  } else {
+  } else if (llama) {
     c.qkv_bias = c.o_bias = k.boolean("attention_bias", false);  // q, k, v and o_proj
     c.mlp_bias = k.boolean("mlp_bias", false);
+  } else {
+    // Mistral's and Phi-3's causal mask bands every layer by sliding_window (Mistral's default
+    // 4096 when the key is absent, Phi-3's none; null: none). The model checks it against the
+    // sequence length (models/families/llama.h).
+    if (k.has("sliding_window"))
+      c.sliding_window = k.positive_int("sliding_window");
+    else if (mistral && !j.contains("sliding_window"))
+      c.sliding_window = 4096;
+  }
+  if (phi3) {
+    // Phi3Attention.qkv_proj and Phi3MLP.gate_up_proj, bias=False; dropout after the embedding
+    // and on both residual branches.
+    c.fused_qkv = c.fused_gate_up = true;
+    k.require("embd_pdrop", 0.0, k.number("embd_pdrop", 0.0), "no dropout");
+    k.require("resid_pdrop", 0.0, k.number("resid_pdrop", 0.0), "no dropout");
   }
   k.require("attention_dropout", 0.0, k.number("attention_dropout", 0.0), "no dropout");
   return c;
@@ -189,17 +246,17 @@ HfModelConfig parse_hf_config(std::string_view text, const ConfigFile& file) {
   const json j = parse_json_input(text);
   if (!j.is_object()) fail("not a JSON object");
   if (!j.contains("architectures"))
-    fail("missing key 'architectures' (LlamaForCausalLM, Qwen2ForCausalLM or GPT2LMHeadModel)");
+    fail(fmt::format("missing key 'architectures' ({})", kArchitectures));
   const json& arch = j.at("architectures");
   if (!arch.is_array() || arch.size() != 1 || !arch[0].is_string())
     fail(fmt::format("architectures must name one architecture, got {}", echo_json(arch)));
   const std::string name = arch[0].get<std::string>();
-  if (name == "LlamaForCausalLM" || name == "Qwen2ForCausalLM") return llama_from(j, file, name);
+  if (name == "LlamaForCausalLM" || name == "Qwen2ForCausalLM" || name == "MistralForCausalLM" ||
+      name == "Phi3ForCausalLM" || name == "Qwen3ForCausalLM")
+    return llama_from(j, file, name);
   if (name == "GPT2LMHeadModel") return gpt2_from(j, file);
   fail(
-      fmt::format("unsupported architecture '{}' (memtrade reads LlamaForCausalLM, "
-                  "Qwen2ForCausalLM and GPT2LMHeadModel)",
-                  echo(name)));
+      fmt::format("unsupported architecture '{}' (memtrade reads {})", echo(name), kArchitectures));
 }
 
 HfModelConfig read_hf_config(const std::string& path) {

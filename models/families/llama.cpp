@@ -1,5 +1,6 @@
 #include "models/families/llama.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -26,6 +27,10 @@ const std::vector<HyperField<LlamaConfig>>& llama_hyper_fields() {
       {"qkv_bias", &LlamaConfig::qkv_bias},
       {"o_bias", &LlamaConfig::o_bias},
       {"mlp_bias", &LlamaConfig::mlp_bias},
+      {"sliding_window", &LlamaConfig::sliding_window},
+      {"fused_qkv", &LlamaConfig::fused_qkv},
+      {"fused_gate_up", &LlamaConfig::fused_gate_up},
+      {"qk_norm", &LlamaConfig::qk_norm},
   };
   return fields;
 }
@@ -38,17 +43,33 @@ LlamaModel::LlamaModel(LlamaConfig cfg) : cfg_(std::move(cfg)) {
                            {"intermediate_size", cfg_.intermediate_size, kMaxIntermediate},
                            {"vocab_size", cfg_.vocab_size, kMaxVocab},
                            {"block_size", cfg_.block_size, kMaxPositions}});
-  set_sequence(cfg_.name, cfg_.seq_len, cfg_.block_size, cfg_.vocab_size);
-  cfg_.seq_len = static_cast<int>(rows_per_sample());
   const auto bad = [&](const std::string& what) {
     return std::invalid_argument(fmt::format("{}: {}", cfg_.name, what));
   };
-  if (cfg_.n_embd % cfg_.n_head != 0)
+  if (cfg_.sliding_window < 0)
+    throw bad(fmt::format("sliding_window {} must be at least 0 (0: none)", cfg_.sliding_window));
+  // A sliding window bands nothing in sequences up to its length, and memtrade has no banded mask:
+  // the model takes sequences up to min(block_size, sliding_window) (its max_seq_len and default
+  // seq_len), and a longer one is refused naming the key.
+  if (cfg_.sliding_window > 0 && cfg_.seq_len > cfg_.sliding_window)
+    throw bad(fmt::format(
+        "sliding_window {} is shorter than seq_len {}: memtrade's attention is causal over the "
+        "whole sequence (no banded mask), which is the window's only for seq_len <= {}",
+        cfg_.sliding_window, cfg_.seq_len, cfg_.sliding_window));
+  set_sequence(
+      cfg_.name, cfg_.seq_len,
+      cfg_.sliding_window > 0 ? std::min(cfg_.block_size, cfg_.sliding_window) : cfg_.block_size,
+      cfg_.vocab_size);
+  cfg_.seq_len = static_cast<int>(rows_per_sample());
+  if (cfg_.head_dim < 0 || cfg_.head_dim > kRopeMaxHeadDim)
+    throw bad(fmt::format("head_dim {} must be in [0, {}] (0: n_embd / n_head)", cfg_.head_dim,
+                          kRopeMaxHeadDim));
+  if (cfg_.head_dim == 0 && cfg_.n_embd % cfg_.n_head != 0)
     throw bad(fmt::format("n_embd {} not divisible by n_head {}", cfg_.n_embd, cfg_.n_head));
   if (cfg_.n_head % cfg_.n_kv_head != 0)
     throw bad(fmt::format("n_head {} not divisible by n_kv_head {} (grouped-query attention)",
                           cfg_.n_head, cfg_.n_kv_head));
-  const std::int64_t hd = cfg_.n_embd / cfg_.n_head;
+  const std::int64_t hd = cfg_.hd();
   if (hd % 2 != 0 || hd > kRopeMaxHeadDim)
     throw bad(fmt::format("head_dim {} must be even and at most {} (rotary embeddings)", hd,
                           kRopeMaxHeadDim));
@@ -72,23 +93,37 @@ LlamaModel::LlamaModel(LlamaConfig cfg) : cfg_(std::move(cfg)) {
     const auto bias = [&](bool has, const std::string& name, std::int64_t n) {
       return has ? add_param(p + name, {n}, 0, i) : ParamIndex{-1};
     };
-    const ParamIndex q = add_param(p + "self_attn.q_proj.weight", {NH * hd, C}, kStd, i);
-    const ParamIndex qb = bias(cfg_.qkv_bias, "self_attn.q_proj.bias", NH * hd);
-    const ParamIndex k = add_param(p + "self_attn.k_proj.weight", {NKV * hd, C}, kStd, i);
-    const ParamIndex kb = bias(cfg_.qkv_bias, "self_attn.k_proj.bias", NKV * hd);
-    const ParamIndex v = add_param(p + "self_attn.v_proj.weight", {NKV * hd, C}, kStd, i);
-    const ParamIndex vb = bias(cfg_.qkv_bias, "self_attn.v_proj.bias", NKV * hd);
-    b.attn.qkv_proj.parts = {q, k, v};
-    if (cfg_.qkv_bias) b.attn.qkv_proj.biases = {qb, kb, vb};
+    if (cfg_.fused_qkv) {  // Phi-3's qkv_proj: the packed layout the attention ops take
+      const std::int64_t W = (NH + 2 * NKV) * hd;
+      b.attn.c_attn = {add_param(p + "self_attn.qkv_proj.weight", {W, C}, kStd, i),
+                       bias(cfg_.qkv_bias, "self_attn.qkv_proj.bias", W)};
+    } else {
+      const ParamIndex q = add_param(p + "self_attn.q_proj.weight", {NH * hd, C}, kStd, i);
+      const ParamIndex qb = bias(cfg_.qkv_bias, "self_attn.q_proj.bias", NH * hd);
+      const ParamIndex k = add_param(p + "self_attn.k_proj.weight", {NKV * hd, C}, kStd, i);
+      const ParamIndex kb = bias(cfg_.qkv_bias, "self_attn.k_proj.bias", NKV * hd);
+      const ParamIndex v = add_param(p + "self_attn.v_proj.weight", {NKV * hd, C}, kStd, i);
+      const ParamIndex vb = bias(cfg_.qkv_bias, "self_attn.v_proj.bias", NKV * hd);
+      b.attn.qkv_proj.parts = {q, k, v};
+      if (cfg_.qkv_bias) b.attn.qkv_proj.biases = {qb, kb, vb};
+    }
     const ParamIndex o = add_param(p + "self_attn.o_proj.weight", {C, NH * hd}, kStd, i);
     b.attn.c_proj = {o, bias(cfg_.o_bias, "self_attn.o_proj.bias", C)};
     b.attn.n_head = cfg_.n_head;
     b.attn.n_kv_head = cfg_.n_kv_head;
     b.attn.rope = cfg_.rope();
-    const ParamIndex gate = add_param(p + "mlp.gate_proj.weight", {I, C}, kStd, i);
-    b.mlp.gate_proj = {gate, bias(cfg_.mlp_bias, "mlp.gate_proj.bias", I)};
-    const ParamIndex up = add_param(p + "mlp.up_proj.weight", {I, C}, kStd, i);
-    b.mlp.up_proj = {up, bias(cfg_.mlp_bias, "mlp.up_proj.bias", I)};
+    if (cfg_.qk_norm)
+      b.attn.qk_norm = QkNorm{add_param(p + "self_attn.q_norm.weight", {hd}, kOnes, i),
+                              add_param(p + "self_attn.k_norm.weight", {hd}, kOnes, i), eps};
+    if (cfg_.fused_gate_up) {  // Phi-3's gate_up_proj
+      const ParamIndex gu = add_param(p + "mlp.gate_up_proj.weight", {2 * I, C}, kStd, i);
+      b.mlp.gate_up_proj = {gu, bias(cfg_.mlp_bias, "mlp.gate_up_proj.bias", 2 * I)};
+    } else {
+      const ParamIndex gate = add_param(p + "mlp.gate_proj.weight", {I, C}, kStd, i);
+      b.mlp.gate_proj = {gate, bias(cfg_.mlp_bias, "mlp.gate_proj.bias", I)};
+      const ParamIndex up = add_param(p + "mlp.up_proj.weight", {I, C}, kStd, i);
+      b.mlp.up_proj = {up, bias(cfg_.mlp_bias, "mlp.up_proj.bias", I)};
+    }
     const ParamIndex down = add_param(p + "mlp.down_proj.weight", {C, I}, kStd, i);
     b.mlp.down_proj = {down, bias(cfg_.mlp_bias, "mlp.down_proj.bias", C)};
     b.norm_1 = {add_param(p + "input_layernorm.weight", {C}, kOnes, i), "input_layernorm", eps};
@@ -105,7 +140,7 @@ LlamaModel::LlamaModel(LlamaConfig cfg) : cfg_(std::move(cfg)) {
 nlohmann::json LlamaModel::hyper() const {
   nlohmann::json h = {{"family", family()}};
   for (const auto& f : llama_hyper_fields()) h[std::string(f.key)] = hyper_value(cfg_, f);
-  h["head_dim"] = cfg_.n_embd / cfg_.n_head;
+  h["head_dim"] = cfg_.hd();
   h["architecture"] = cfg_.architecture;
   const Llama3RopeScaling& s = cfg_.rope_scaling;
   h["rope_scaling"] =

@@ -1,13 +1,15 @@
-// Llama (HF transformers' LlamaForCausalLM): token embedding (no positions), n_layer decoder
-// layers (x += self_attn(input_layernorm(x)); x += mlp(post_attention_layernorm(x))), a final
-// RMSNorm and lm_head, untied or tied to embed_tokens (tie_word_embeddings). Attention is
-// grouped-query (n_kv_head key/value heads shared by n_head / n_kv_head query heads each, HF's
-// repeat_kv) with rotary position embeddings on q and k (rotate_half, rope_theta, and
-// rope_scaling of type llama3 for Llama 3.1/3.2); the MLP is SwiGLU (gate_proj, up_proj,
-// down_proj, intermediate_size); RMSNorm eps rms_norm_eps; no dropout. Biases where the config
-// asks: Llama's attention_bias (q, k, v and o_proj) and mlp_bias (gate, up, down), and Qwen2's
-// q/k/v biases (Qwen2ForCausalLM is this model with qkv_bias and nothing else different:
-// transformers 4.46.3 modeling_qwen2.py, q/k/v_proj bias=True, o_proj and the MLP bias=False).
+// Llama (HF transformers' LlamaForCausalLM), and the families that are it with another mapping
+// of their config.json (models/config/hf_config.h: Qwen2, Mistral, Phi-3): token embedding (no
+// positions), n_layer decoder layers (x += self_attn(input_layernorm(x)); x +=
+// mlp(post_attention_layernorm(x))), a final RMSNorm and lm_head, untied or tied to embed_tokens
+// (tie_word_embeddings). Attention is grouped-query (n_kv_head key/value heads shared by n_head /
+// n_kv_head query heads each, HF's repeat_kv) with rotary position embeddings on q and k
+// (rotate_half, rope_theta, and rope_scaling of type llama3 for Llama 3.1/3.2); the MLP is SwiGLU
+// (gate_proj, up_proj, down_proj, intermediate_size); RMSNorm eps rms_norm_eps; no dropout. Biases
+// where the config asks: Llama's attention_bias (q, k, v and o_proj) and mlp_bias (gate, up, down),
+// and Qwen2's q/k/v biases (Qwen2ForCausalLM is this model with qkv_bias and nothing else
+// different: transformers 4.46.3 modeling_qwen2.py, q/k/v_proj bias=True, o_proj and the MLP
+// bias=False).
 //
 // Parameter names are HF's state-dict keys, so a memtrade dump loads into LlamaForCausalLM
 // as is: model.embed_tokens.weight, model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,
@@ -55,7 +57,16 @@ struct LlamaConfig {
   bool qkv_bias = false;  // q_proj, k_proj, v_proj biases (Qwen2; Llama's attention_bias)
   bool o_bias = false;    // o_proj bias (Llama's attention_bias)
   bool mlp_bias = false;  // gate, up and down_proj biases (Llama's mlp_bias)
-  std::string architecture = "LlamaForCausalLM";  // HF's class: LlamaForCausalLM, Qwen2ForCausalLM
+  std::string architecture = "LlamaForCausalLM";  // HF's class (models/config/hf_config.h)
+  int head_dim = 0;        // 0: n_embd / n_head (Mistral's and Phi-3's head_dim key)
+  int sliding_window = 0;  // 0: none. HF's window w: query i attends to keys j with
+                           // i - w < j ≤ i; memtrade's attention is causal over the whole
+                           // sequence, which is that band exactly when seq_len ≤ w (refused else)
+  bool fused_qkv = false;  // Phi-3: one qkv_proj ((NH + 2·NKV)·hd, C), q rows, then k, then v
+  bool fused_gate_up = false;  // Phi-3: one gate_up_proj (2I, C), gate rows first
+  bool qk_norm = false;        // Qwen3: q_norm and k_norm, RMSNorms over head_dim before RoPE
+
+  int hd() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
 
   RopeConfig rope() const;
 };
@@ -66,7 +77,8 @@ const std::vector<HyperField<LlamaConfig>>& llama_hyper_fields();
 class LlamaModel final : public DecoderModel<RmsNorm, LlamaMlp> {
  public:
   // Throws std::invalid_argument for shapes the layers cannot take (n_embd not a multiple of
-  // n_head, n_head not of n_kv_head, an odd head_dim, a rope config HF would divide by 0 with).
+  // n_head without a head_dim, n_head not of n_kv_head, an odd head_dim, a rope config HF would
+  // divide by 0 with, a sliding window shorter than seq_len).
   explicit LlamaModel(LlamaConfig cfg);
   std::string name() const override { return cfg_.name; }
   std::string family() const override { return "llama"; }

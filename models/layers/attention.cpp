@@ -1,5 +1,10 @@
 #include "models/layers/attention.h"
 
+#include <array>
+#include <string>
+
+#include "models/layers/rmsnorm.h"
+
 namespace memtrade {
 namespace {
 
@@ -14,6 +19,61 @@ void keep_probs(LayerCtx& c, Tensor att) {
   c.cast_input(Op::matmul, att, cast);
   if (cast.defined()) c.keep("attn.att_mm", std::move(cast));
   c.keep("attn.att", std::move(att));
+}
+
+// Qwen3's q and k heads: (column, heads, weight, save key) of each normalised part of qkv.
+struct NormedPart {
+  std::int64_t col, heads;
+  ParamIndex weight;
+  const char* key;
+};
+std::array<NormedPart, 2> normed_parts(const CausalSelfAttention& a, std::int64_t hd) {
+  return {NormedPart{0, a.n_head, a.qk_norm->q, "attn.q_norm"},
+          NormedPart{a.n_head * hd, a.n_kv_head, a.qk_norm->k, "attn.k_norm"}};
+}
+
+// qkv (N, W), the projection's output: its q and k heads normalised in place.
+void qk_norm_forward(LayerCtx& c, Tensor& qkv, const CausalSelfAttention& a) {
+  const std::int64_t N = qkv.dim(0), hd = qkv.dim(1) / (a.n_head + 2 * std::int64_t{a.n_kv_head});
+  const bool cast = c.in_dtype(Op::rmsnorm, qkv) != qkv.dtype();  // autocast: the norm reads fp32
+  for (const NormedPart& p : normed_parts(a, hd)) {
+    Tensor inp = cast ? c.temp({N, p.heads * hd}, qkv.dtype())
+                      : c.act_tensor({N, p.heads * hd}, qkv.dtype());  // saved unless cast
+    copy_columns(c, inp, qkv, p.col);
+    inp.reshape({N * p.heads, hd});
+    inp = c.cast_input(Op::rmsnorm, std::move(inp));
+    const RmsNorm norm{p.weight, p.key, a.qk_norm->eps};
+    Tensor out = c.temp({N * p.heads, hd}, c.out_dtype(Op::rmsnorm, inp));
+    norm_forward(c, out, inp, norm);
+    if (out.dtype() != qkv.dtype()) {
+      Tensor rounded = c.temp(out.shape(), qkv.dtype());
+      c.ops().cast(rounded, out);
+      out = std::move(rounded);
+    }
+    out.reshape({N, p.heads * hd});
+    place_columns(c, qkv, p.col, out);
+    c.keep(std::string(p.key) + ".inp", std::move(inp));
+  }
+}
+
+// dqkv (N, W), the gradient of the normalised qkv: its q and k columns become the gradient of
+// the projection's output.
+void qk_norm_backward(LayerCtx& c, Tensor& dqkv, const CausalSelfAttention& a) {
+  const std::int64_t N = dqkv.dim(0);
+  const std::int64_t hd = dqkv.dim(1) / (a.n_head + 2 * std::int64_t{a.n_kv_head});
+  for (const NormedPart& p : normed_parts(a, hd)) {
+    const Tensor& inp = c.get(std::string(p.key) + ".inp");  // (N·heads, hd)
+    Tensor dout = c.temp({N, p.heads * hd}, dqkv.dtype());
+    copy_columns(c, dout, dqkv, p.col);
+    dout.reshape({N * p.heads, hd});
+    dout = c.grad_as(std::move(dout), c.out_dtype(Op::rmsnorm, inp));
+    Tensor dinp = c.temp_like(inp);
+    norm_backward(c, dinp, dout, inp, RmsNorm{p.weight, p.key, a.qk_norm->eps});
+    dout.reset();
+    dinp = c.grad_as(std::move(dinp), dqkv.dtype());
+    dinp.reshape({N, p.heads * hd});
+    place_columns(c, dqkv, p.col, dinp);
+  }
 }
 
 }  // namespace
@@ -32,6 +92,7 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
   else
     linear_forward(c, qkv, inp, a.c_attn);
   c.keep("attn.inp", std::move(inp));
+  if (a.qk_norm) qk_norm_forward(c, qkv, a);
   qkv.reshape({B, T, W});
   if (a.rope) c.ops().rope_forward(qkv, a.n_head, a.n_kv_head, *a.rope);
 
@@ -101,6 +162,7 @@ Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAtten
   // The rotation is orthogonal: its transpose takes d(rotated q, k) to d(q, k).
   if (a.rope) c.ops().rope_backward(dqkv, a.n_head, a.n_kv_head, *a.rope);
   dqkv.reshape({B * T, W});
+  if (a.qk_norm) qk_norm_backward(c, dqkv, a);
   const Tensor& inp = c.get("attn.inp");
   Tensor dinp = c.temp_like(inp);
   if (!a.qkv_proj.parts.empty())

@@ -22,6 +22,15 @@
 // compute dtype (scaled_dot_product_attention is on PyTorch's lower-precision list) and keeps
 // its lse in fp32. RoPE runs in qkv's dtype (Op::rope: HF rotates the linear's 16-bit output
 // with cos and sin cast to it), so the rotated qkv is saved as the linear's output would be.
+//
+// Qwen3 (transformers 4.51.0 modeling_qwen3.py, Qwen3Attention) normalises each query and key head
+// before the rotation: q = q_norm(q_proj(x).view(B, T, NH, hd)), k likewise with k_norm, RMSNorms
+// over hd (weights (hd), eps rms_norm_eps). Here the projection writes the packed qkv, the q and k
+// columns are copied out as (B·T·heads, hd) rows ("attn.q_norm.inp", "attn.k_norm.inp": the
+// norms' inputs, saved as HF saves them, with "attn.{q,k}_norm.rstd"), normalised by the RMSNorm
+// op and written back before RoPE. Under autocast the norm reads fp32 (HF's RMSNorm casts to
+// fp32; the fp32 cast is what is saved) and its fp32 output is rounded into the packed 16-bit
+// qkv (HF rotates in fp32 and rounds at the QKᵀ matmul: one rounding at another place).
 #pragma once
 
 #include <optional>
@@ -30,6 +39,12 @@
 
 namespace memtrade {
 
+struct QkNorm {
+  ParamIndex q = -1;  // q_norm.weight (hd)
+  ParamIndex k = -1;  // k_norm.weight (hd)
+  float eps = 1e-6f;
+};
+
 struct CausalSelfAttention {
   Linear c_attn;  // GPT's packed projection; unused when qkv_proj has parts
   Linear c_proj;  // Llama's o_proj
@@ -37,6 +52,7 @@ struct CausalSelfAttention {
   int n_kv_head = 1;               // n_head's divisor; = n_head for multi-head attention
   StackedLinear qkv_proj;          // Llama's q_proj, k_proj, v_proj (empty: c_attn)
   std::optional<RopeConfig> rope;  // Llama: rotary embeddings on q and k
+  std::optional<QkNorm> qk_norm;   // Qwen3: per-head RMSNorm of q and k before the rotation
 };
 
 // inp (B·T, C), moved in (it is saved as c_attn's input, cast to its input dtype first) ->

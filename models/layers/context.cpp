@@ -1,5 +1,6 @@
 #include "models/layers/context.h"
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -14,6 +15,25 @@ std::string cast_key(ParamIndex index) {
 }
 
 }  // namespace
+
+void copy_columns(LayerCtx& c, Tensor& part, const Tensor& src, std::int64_t col) {
+  const std::size_t es = dtype_size(src.dtype()), w = static_cast<std::size_t>(part.dim(1)) * es;
+  if (part.dtype() != src.dtype() || part.dim(0) != src.dim(0) || col + part.dim(1) > src.dim(1))
+    throw std::logic_error("copy_columns: part does not fit its source");
+  c.dev.copy_2d(part.data(), w,
+                static_cast<const std::byte*>(src.data()) + static_cast<std::size_t>(col) * es,
+                static_cast<std::size_t>(src.dim(1)) * es, w, static_cast<std::size_t>(src.dim(0)),
+                CopyKind::device_to_device);
+}
+
+void place_columns(LayerCtx& c, Tensor& dst, std::int64_t col, const Tensor& part) {
+  const std::size_t es = dtype_size(dst.dtype()), w = static_cast<std::size_t>(part.dim(1)) * es;
+  if (part.dtype() != dst.dtype() || part.dim(0) != dst.dim(0) || col + part.dim(1) > dst.dim(1))
+    throw std::logic_error("place_columns: part does not fit its destination");
+  c.dev.copy_2d(static_cast<std::byte*>(dst.data()) + static_cast<std::size_t>(col) * es,
+                static_cast<std::size_t>(dst.dim(1)) * es, part.data(), w, w,
+                static_cast<std::size_t>(dst.dim(0)), CopyKind::device_to_device);
+}
 
 DType LayerCtx::in_dtype(Op op, DType in, DType other) const {
   if (!amp) return act;

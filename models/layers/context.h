@@ -104,6 +104,13 @@ struct LayerCtx {
   const Tensor& grad_as(const Tensor& g, DType dtype, Tensor& holder);
 };
 
+// Column blocks of a row-major matrix (Device::copy_2d, one copy of `part.dim(1)` columns per
+// row): copy_columns fills the contiguous (N, w) `part` from columns [col, col + w) of the (N, W)
+// `src`; place_columns writes `part` into those columns of `dst`. Same dtype; for the halves of
+// Phi-3's gate_up and the q and k heads of Qwen3's packed qkv, which the kernels take contiguous.
+void copy_columns(LayerCtx& c, Tensor& part, const Tensor& src, std::int64_t col);
+void place_columns(LayerCtx& c, Tensor& dst, std::int64_t col, const Tensor& part);
+
 // The gradient of params()[index] as an op writes it: in the dtype of the weight the op read.
 // When that is the stored weight's dtype, t() is the ParamStore's gradient itself (and
 // accumulate() its flag). An op that read autocast's 16-bit cast writes a 16-bit gradient into a

@@ -1,20 +1,48 @@
 #include "models/layers/llama_mlp.h"
 
 namespace memtrade {
+namespace {
+
+bool fused(const LlamaMlp& m) {
+  return m.gate_up_proj.weight >= 0;
+}
+
+// Phi-3: the halves of the saved (N, 2I) gate_up as two (N, I) temporaries.
+std::pair<Tensor, Tensor> split_gate_up(LayerCtx& c, const Tensor& gu) {
+  const std::int64_t N = gu.dim(0), I = gu.dim(1) / 2;
+  Tensor gate = c.temp({N, I}, gu.dtype()), up = c.temp({N, I}, gu.dtype());
+  copy_columns(c, gate, gu, 0);
+  copy_columns(c, up, gu, I);
+  return {std::move(gate), std::move(up)};
+}
+
+}  // namespace
 
 Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
   const std::int64_t N = inp.dim(0), C = inp.dim(1);
-  const std::int64_t I = c.weight(m.gate_proj.weight).dim(0);
   inp = c.cast_input(Op::linear, std::move(inp));
-  Tensor gate = c.act_tensor({N, I}, c.out_dtype(Op::linear, inp));  // (N, I)
-  linear_forward(c, gate, inp, m.gate_proj);
-  Tensor up = c.act_tensor({N, I}, c.out_dtype(Op::linear, inp));  // (N, I)
-  linear_forward(c, up, inp, m.up_proj);
-  c.keep("mlp.inp", std::move(inp));
-  Tensor h = c.act_tensor({N, I}, c.out_dtype(Op::swiglu, gate));  // (N, I)
-  c.ops().swiglu_forward(h, gate, up);
-  c.keep("mlp.gate", std::move(gate));
-  c.keep("mlp.up", std::move(up));
+  Tensor h;  // (N, I): down_proj's input
+  if (fused(m)) {
+    const std::int64_t I2 = c.weight(m.gate_up_proj.weight).dim(0);
+    Tensor gu = c.act_tensor({N, I2}, c.out_dtype(Op::linear, inp));  // (N, 2I)
+    linear_forward(c, gu, inp, m.gate_up_proj);
+    c.keep("mlp.inp", std::move(inp));
+    auto [gate, up] = split_gate_up(c, gu);
+    h = c.act_tensor({N, I2 / 2}, c.out_dtype(Op::swiglu, gate));
+    c.ops().swiglu_forward(h, gate, up);
+    c.keep("mlp.gate_up", std::move(gu));
+  } else {
+    const std::int64_t I = c.weight(m.gate_proj.weight).dim(0);
+    Tensor gate = c.act_tensor({N, I}, c.out_dtype(Op::linear, inp));  // (N, I)
+    linear_forward(c, gate, inp, m.gate_proj);
+    Tensor up = c.act_tensor({N, I}, c.out_dtype(Op::linear, inp));  // (N, I)
+    linear_forward(c, up, inp, m.up_proj);
+    c.keep("mlp.inp", std::move(inp));
+    h = c.act_tensor({N, I}, c.out_dtype(Op::swiglu, gate));  // (N, I)
+    c.ops().swiglu_forward(h, gate, up);
+    c.keep("mlp.gate", std::move(gate));
+    c.keep("mlp.up", std::move(up));
+  }
   h = c.cast_input(Op::linear, std::move(h));
   Tensor out = c.temp({N, C}, c.out_dtype(Op::linear, h));  // (N, C): added into the residual
   linear_forward(c, out, h, m.down_proj);
@@ -23,12 +51,29 @@ Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
 }
 
 Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m) {
-  const Tensor& gate = c.get("mlp.gate");
-  const Tensor& up = c.get("mlp.up");
   const Tensor& inp = c.get("mlp.inp");
   const Tensor& h = c.get("mlp.h");
   Tensor dh = c.temp_like(h);
   linear_backward(c, &dh, dout, h, m.down_proj);
+  if (fused(m)) {
+    const Tensor& gu = c.get("mlp.gate_up");
+    auto [gate, up] = split_gate_up(c, gu);
+    Tensor dgate = c.grad_as(std::move(dh), c.out_dtype(Op::swiglu, gate));
+    Tensor dup = c.temp_like(up);
+    c.ops().swiglu_backward(dgate, dup, dgate, gate, up);
+    gate.reset();
+    up.reset();
+    Tensor dgu = c.temp_like(gu);  // (N, 2I): the halves side by side, as chunk's backward
+    place_columns(c, dgu, 0, dgate);
+    place_columns(c, dgu, dgate.dim(1), dup);
+    dgate.reset();
+    dup.reset();
+    Tensor dinp = c.temp_like(inp);  // (N, C)
+    linear_backward(c, &dinp, dgu, inp, m.gate_up_proj);
+    return dinp;
+  }
+  const Tensor& gate = c.get("mlp.gate");
+  const Tensor& up = c.get("mlp.up");
   // d h, then d gate in place (the SwiGLU output has gate's dtype); d up beside it.
   Tensor dgate = c.grad_as(std::move(dh), c.out_dtype(Op::swiglu, gate));
   Tensor dup = c.temp_like(up);

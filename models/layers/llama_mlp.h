@@ -7,6 +7,14 @@
 // Selective checkpointing keeps them all: it recomputes the attention core only (Megatron),
 // models/layers/attention.h. Under autocast the linears cast their input to 16 bits and SwiGLU
 // runs in the dtype it gets (SiLU and mul are on no autocast list: Op::swiglu).
+//
+// Phi-3's MLP (HF Phi3MLP) is the same function with gate_proj and up_proj fused into one
+// gate_up_proj (2I, C), gate's rows first (`gate, up = gate_up_proj(x).chunk(2, dim=-1)`). It
+// saves "mlp.gate_up" (N, 2I) instead of "mlp.gate" and "mlp.up": the same bytes, as HF's chunk
+// views keep the one (N, 2I) output. The SwiGLU ops take contiguous operands, so the two halves
+// are copied into temporaries (N, I) around them, in forward and again in backward, and the two
+// halves of the gradient into one (N, 2I) temporary for gate_up_proj's backward: temporaries that
+// HF's views do not make; what is saved is equal.
 #pragma once
 
 #include "models/layers/linear.h"
@@ -17,6 +25,7 @@ struct LlamaMlp {
   Linear gate_proj;
   Linear up_proj;
   Linear down_proj;
+  Linear gate_up_proj;  // Phi-3: one (2I, C) weight; when set, gate_proj and up_proj are unused
 };
 
 // inp (N, C), moved in (saved as gate_proj's and up_proj's input, cast to their input dtype

@@ -131,6 +131,33 @@ std::string error_of(const json& j) {
   return {};
 }
 
+// Mistral and Phi-3 are Llama's decoder under another mapping of their keys (transformers
+// 4.46.3 configuration_mistral.py, configuration_phi3.py defaults).
+TEST(HfConfig, MistralAndPhi3) {
+  json j = fixture("Llama-3.2-3B");
+  j["architectures"] = {"MistralForCausalLM"};
+  j.erase("rope_scaling");  // MistralRotaryEmbedding reads none
+  LlamaConfig m = std::get<LlamaConfig>(parse(j));
+  EXPECT_EQ(m.architecture, "MistralForCausalLM");
+  EXPECT_EQ(m.sliding_window, 4096);  // MistralConfig's default when the key is absent
+  EXPECT_EQ(m.hd(), 128);
+  EXPECT_FALSE(m.qkv_bias || m.o_bias || m.mlp_bias || m.fused_qkv || m.fused_gate_up);
+  j["sliding_window"] = nullptr;
+  j["head_dim"] = 64;  // Mistral's attention takes head_dim as it is (NH·64 = 1536 != 3072)
+  m = std::get<LlamaConfig>(parse(j));
+  EXPECT_EQ(m.sliding_window, 0);
+  EXPECT_EQ(m.hd(), 64);
+  j["architectures"] = {"Phi3ForCausalLM"};
+  j.erase("head_dim");
+  j.erase("rms_norm_eps");
+  LlamaConfig p = std::get<LlamaConfig>(parse(j));
+  EXPECT_TRUE(p.fused_qkv && p.fused_gate_up);
+  EXPECT_EQ(p.sliding_window, 0);  // Phi3Config's default: none
+  EXPECT_EQ(p.norm_eps, 1e-5);     // Phi3Config's default
+  j["sliding_window"] = 2047;
+  EXPECT_EQ(std::get<LlamaConfig>(parse(j)).sliding_window, 2047);
+}
+
 TEST(HfConfig, RefusedConfigs) {
   const json llama = fixture("Llama-3.2-3B");
   for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -149,13 +176,15 @@ TEST(HfConfig, RefusedConfigs) {
     j[key] = std::move(value);
     return j;
   };
-  EXPECT_EQ(error_of(with(llama, "architectures", {"MistralForCausalLM"})),
-            "unsupported architecture 'MistralForCausalLM' (memtrade reads LlamaForCausalLM, "
-            "Qwen2ForCausalLM and GPT2LMHeadModel)");
+  EXPECT_EQ(error_of(with(llama, "architectures", {"MixtralForCausalLM"})),
+            "unsupported architecture 'MixtralForCausalLM' (memtrade reads LlamaForCausalLM, "
+            "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM and "
+            "GPT2LMHeadModel)");
   json no_arch = llama;
   no_arch.erase("architectures");
   EXPECT_EQ(error_of(no_arch),
-            "missing key 'architectures' (LlamaForCausalLM, Qwen2ForCausalLM or GPT2LMHeadModel)");
+            "missing key 'architectures' (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+            "MistralForCausalLM, Phi3ForCausalLM and GPT2LMHeadModel)");
   json yarn = llama;
   yarn["rope_scaling"]["rope_type"] = "yarn";
   EXPECT_EQ(error_of(yarn),
@@ -172,9 +201,16 @@ TEST(HfConfig, RefusedConfigs) {
             "unsupported use_sliding_window true (full causal attention in every layer)");
   EXPECT_EQ(error_of(with(llama, "attention_dropout", 0.1)),
             "unsupported attention_dropout 0.1 (no dropout)");
-  EXPECT_EQ(error_of(with(llama, "head_dim", 64)),
-            "unsupported head_dim 64: memtrade's Llama has hidden_size / num_attention_heads = "
+  EXPECT_EQ(error_of(with(qwen2, "head_dim", 64)),
+            "unsupported head_dim 64: Qwen2ForCausalLM has hidden_size / num_attention_heads = "
             "3072/24");
+  // Phi-3: longrope and dropout are refused, naming the key.
+  json phi3 = with(with(llama, "architectures", {"Phi3ForCausalLM"}), "rope_scaling", nullptr);
+  EXPECT_EQ(error_of(with(phi3, "resid_pdrop", 0.1)), "unsupported resid_pdrop 0.1 (no dropout)");
+  EXPECT_EQ(error_of(with(phi3, "embd_pdrop", 0.1)), "unsupported embd_pdrop 0.1 (no dropout)");
+  EXPECT_EQ(error_of(with(phi3, "rope_scaling", {{"type", "longrope"}})),
+            "unsupported rope_scaling {\"type\":\"longrope\"} (memtrade's Phi-3 has plain rotary "
+            "embeddings, rope_scaling null)");
   EXPECT_EQ(error_of(with(llama, "hidden_size", "3072")),
             "key 'hidden_size' must be a positive integer, got \"3072\"");
   EXPECT_EQ(error_of(with(llama, "rope_theta", -1)),

@@ -105,9 +105,10 @@ TEST(HfConfigHardening, ValuesAreEchoedBoundedAndEscaped) {
   j["architectures"] = {"Foo\nBar"};
   EXPECT_EQ(hf_error(j),
             "unsupported architecture 'Foo\\nBar' (memtrade reads LlamaForCausalLM, "
-            "Qwen2ForCausalLM and GPT2LMHeadModel)");
+            "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM and "
+            "GPT2LMHeadModel)");
   j["architectures"] = {std::string(1'000'000, 'x')};
-  EXPECT_LT(hf_error(j).size(), 250u);
+  EXPECT_LT(hf_error(j).size(), 300u);  // the echo's bound plus the list of architectures
   j = tiny_llama();
   j["hidden_size"] = std::string(1'000'000, 'h');
   EXPECT_LT(hf_error(j).size(), 200u);
@@ -116,8 +117,12 @@ TEST(HfConfigHardening, ValuesAreEchoedBoundedAndEscaped) {
 TEST(HfConfigHardening, ProductsAndNarrowingAreChecked) {
   json j = tiny_llama();
   j["head_dim"] = 1073741840;  // × 4 heads wraps to 64 in an int
+  // Llama takes head_dim as it is (bounded); Qwen2 must have hidden_size / num_heads, checked in
+  // 64 bits.
+  EXPECT_EQ(hf_error(j), "key 'head_dim' 1073741840 is above memtrade's bound of 1024 (head dim)");
+  j["architectures"] = {"Qwen2ForCausalLM"};
   EXPECT_EQ(hf_error(j),
-            "unsupported head_dim 1073741840: memtrade's Llama has hidden_size / "
+            "unsupported head_dim 1073741840: Qwen2ForCausalLM has hidden_size / "
             "num_attention_heads = 64/4");
   j = tiny_llama();
   j["hidden_size"] = 4294967360;  // 2^32 + 64: an int would keep 64

@@ -133,7 +133,7 @@ struct LayerRun {
 LayerRun run_layer(Device& dev, int nh, int nkv, AttentionKind kind) {
   const std::int64_t B = 2, T = 37, hd = 12, C = 40, W = (nh + 2 * nkv) * hd;
   LayerStore store(dev, {{W, C}, {W}, {C, nh * hd}, {C}});
-  const CausalSelfAttention a{{0, 1}, {2, 3}, nh, nkv, {}, std::nullopt};
+  const CausalSelfAttention a{{0, 1}, {2, 3}, nh, nkv, {}, std::nullopt, std::nullopt};
   SavedTensors saved(dev);
   LayerCtx c{dev, store, saved, DType::F32, std::nullopt};
   c.segment = 0;

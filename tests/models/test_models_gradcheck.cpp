@@ -94,13 +94,16 @@ TEST_P(GradCheck, MatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     Models, GradCheck,
-    ::testing::Values(GradCase{"gpt-test", 2, 1e-2f, false},
-                      GradCase{"llama-test", 2, 1e-3f, false, 20.0f},
-                      GradCase{"llama-test:tie_word_embeddings=true", 2, 1e-3f, false, 20.0f},
-                      GradCase{"llama-test:qkv_bias=true,o_bias=true,mlp_bias=true", 2, 1e-3f,
-                               false, 20.0f},
-                      GradCase{"mlp-test", 4, 1e-3f, true}, GradCase{"cnn-test", 3, 1e-3f, true},
-                      GradCase{"mlp-tiny", 4, 1e-3f, true}),
+    ::testing::Values(
+        GradCase{"gpt-test", 2, 1e-2f, false}, GradCase{"llama-test", 2, 1e-3f, false, 20.0f},
+        GradCase{"llama-test:tie_word_embeddings=true", 2, 1e-3f, false, 20.0f},
+        GradCase{"llama-test:qkv_bias=true,o_bias=true,mlp_bias=true", 2, 1e-3f, false, 20.0f},
+        // Phi-3's fused qkv_proj and gate_up_proj
+        GradCase{"llama-test:fused_qkv=true,fused_gate_up=true", 2, 1e-3f, false, 20.0f},
+        // Qwen3's per-head q/k RMSNorm
+        GradCase{"llama-test:qk_norm=true", 2, 1e-3f, false, 20.0f},
+        GradCase{"mlp-test", 4, 1e-3f, true}, GradCase{"cnn-test", 3, 1e-3f, true},
+        GradCase{"mlp-tiny", 4, 1e-3f, true}),
     [](const auto& param_info) {
       std::string s = param_info.param.model;
       for (char& ch : s)

@@ -23,7 +23,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip(
     "transformers", reason="transformers 4.46.3 not installed (ci/setup.sh, ci/requirements-hf.txt)")
 
-from test_torch_reference import assert_step_fp32, load_params, run_dump  # noqa: E402
+from test_torch_reference import (EPS, assert_step_fp32, bf16_valued, load_params,  # noqa: E402
+                                  rel_l2, run_dump)
+import cpu_isa  # noqa: E402  (bench/peers, on sys.path through test_torch_reference)
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=256, max_position_embeddings=32, rms_norm_eps=1e-6,
@@ -37,10 +39,101 @@ CASES = {
     "llama-biases": dict(TINY, architectures=["LlamaForCausalLM"], model_type="llama",
                          attention_bias=True, mlp_bias=True),
     "llama": dict(TINY, architectures=["LlamaForCausalLM"], model_type="llama"),
+    # A window as long as the sequences (16) bands nothing: HF's eager mask is then the causal one.
+    "mistral": dict(TINY, architectures=["MistralForCausalLM"], model_type="mistral",
+                    sliding_window=16),
+    # head_dim other than hidden_size / heads: the projections are NH·head_dim wide.
+    "mistral-head-dim": dict(TINY, architectures=["MistralForCausalLM"], model_type="mistral",
+                             sliding_window=None, head_dim=32),
+    # pad_token_id None: HF's embedding would give the padding row no gradient (Phi3Config's
+    # default 32000 is beyond this vocabulary anyway); memtrade does not model padding_idx.
+    # Qwen3 (an own twin: 4.46.3 has no Qwen3, see Qwen3Twin); head_dim other than C / NH.
+    "qwen3": dict(TINY, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=32,
+                  use_sliding_window=False),
+    "qwen3-bias-tied": dict(TINY, architectures=["Qwen3ForCausalLM"], model_type="qwen3",
+                            head_dim=16, attention_bias=True, tie_word_embeddings=True),
+    "phi3-mha": dict(TINY, architectures=["Phi3ForCausalLM"], model_type="phi3",
+                     num_key_value_heads=4, pad_token_id=None),
+    "phi3": dict(TINY, architectures=["Phi3ForCausalLM"], model_type="phi3", sliding_window=31,
+                 pad_token_id=None, resid_pdrop=0.0, embd_pdrop=0.0),
 }
 
 
+class Qwen3Twin(torch.nn.Module):
+    """Qwen3ForCausalLM as transformers 4.51.0's models/qwen3/modeling_qwen3.py defines it, which
+    4.46.3 (the last release on torch 1.13) lacks: an own twin, built from 4.46.3's Llama parts
+    (LlamaRMSNorm, LlamaMLP, LlamaRotaryEmbedding, apply_rotary_pos_emb, repeat_kv) that
+    modeling_qwen3.py's classes are copies of, plus what Qwen3Attention adds: q_norm and k_norm,
+    RMSNorms over head_dim applied to each head of q_proj(x) and k_proj(x) before the rotation.
+    HF's parameter names; eager attention (softmax in fp32, as LlamaAttention's)."""
+
+    def __init__(self, config):
+        super().__init__()
+        from transformers.models.llama import modeling_llama as L
+        nn = torch.nn
+        c = transformers.LlamaConfig(**{k: v for k, v in config.items() if k not in (
+            "architectures", "model_type", "use_sliding_window", "head_dim")})
+        c.head_dim = config.get("head_dim", 128)
+        self.c, self.L = c, L
+        C, V, hd = c.hidden_size, c.vocab_size, c.head_dim
+        NH, NKV, bias = c.num_attention_heads, c.num_key_value_heads, c.attention_bias
+
+        def layer():
+            m = nn.Module()
+            m.self_attn = nn.Module()
+            a = m.self_attn
+            a.q_proj = nn.Linear(C, NH * hd, bias=bias)
+            a.k_proj = nn.Linear(C, NKV * hd, bias=bias)
+            a.v_proj = nn.Linear(C, NKV * hd, bias=bias)
+            a.o_proj = nn.Linear(NH * hd, C, bias=bias)
+            a.q_norm = L.LlamaRMSNorm(hd, eps=c.rms_norm_eps)
+            a.k_norm = L.LlamaRMSNorm(hd, eps=c.rms_norm_eps)
+            m.mlp = L.LlamaMLP(c)
+            m.input_layernorm = L.LlamaRMSNorm(C, eps=c.rms_norm_eps)
+            m.post_attention_layernorm = L.LlamaRMSNorm(C, eps=c.rms_norm_eps)
+            return m
+
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(V, C)
+        self.model.layers = nn.ModuleList(layer() for _ in range(c.num_hidden_layers))
+        self.model.norm = L.LlamaRMSNorm(C, eps=c.rms_norm_eps)
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.rotary_emb = L.LlamaRotaryEmbedding(config=c)
+        for m in self.modules():  # _init_weights: normal(0, initializer_range), biases 0
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                m.weight.data.normal_(0.0, c.initializer_range)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                m.bias.data.zero_()
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def attention(self, a, x, cos, sin):
+        B, T, _ = x.shape
+        hd, L = self.c.head_dim, self.L
+        q = a.q_norm(a.q_proj(x).view(B, T, -1, hd)).transpose(1, 2)
+        k = a.k_norm(a.k_proj(x).view(B, T, -1, hd)).transpose(1, 2)
+        v = a.v_proj(x).view(B, T, -1, hd).transpose(1, 2)
+        q, k = L.apply_rotary_pos_emb(q, k, cos, sin)
+        groups = q.shape[1] // k.shape[1]
+        k, v = L.repeat_kv(k, groups), L.repeat_kv(v, groups)
+        w = torch.matmul(q, k.transpose(2, 3)) / hd**0.5
+        mask = torch.full((T, T), torch.finfo(w.dtype).min, dtype=w.dtype).triu(1)
+        w = torch.softmax(w + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+        return a.o_proj(torch.matmul(w, v).transpose(1, 2).reshape(B, T, -1))
+
+    def forward(self, input_ids):
+        x = self.model.embed_tokens(input_ids)
+        positions = torch.arange(input_ids.shape[1])[None]
+        cos, sin = self.rotary_emb(x, positions)
+        for m in self.model.layers:
+            x = x + self.attention(m.self_attn, m.input_layernorm(x), cos, sin)
+            x = x + m.mlp(m.post_attention_layernorm(x))
+        return type("Out", (), {"logits": self.lm_head(self.model.norm(x))})
+
+
 def hf_model(config):
+    if config["architectures"][0] == "Qwen3ForCausalLM":
+        return Qwen3Twin(config)
     cls = getattr(transformers, config["architectures"][0])
     cfg = transformers.AutoConfig.for_model(config["model_type"], **{
         k: v for k, v in config.items() if k not in ("architectures", "model_type")})
@@ -94,6 +187,150 @@ def test_loss_and_every_gradient_against_hf(memtrade_bin, tmp_path, case):
     # The dump's names and shapes are HF's, biases included.
     assert meta["shapes"] == {n: list(p.shape) for n, p in model.named_parameters()}
     assert_step_fp32(out, meta, ref_loss, ref_grads)
+    worst = max(float(np.abs(np.load(out / "grads" / f"{n}.npy") - ref_grads[n].numpy()).max() /
+                      (float(np.abs(ref_grads[n].numpy()).max()) or 1.0)) for n in meta["params"])
+    print(f"{case}: worst gradient error {worst:.2e} of its tensor's largest element, "
+          f"{len(meta['params'])} tensors")
+
+
+def hf_autocast_step(out, meta, config):
+    """HF's model on the dump's fp32 parameters and batch under PyTorch's CPU autocast (bf16) with
+    fp32-accumulating GEMMs (cpu_isa: the same on every CPU), the loss as memtrade's twin takes it
+    (cross-entropy of the logits inside the autocast region): (loss, {name: grad})."""
+    model = hf_model(config)
+    model.load_state_dict(load_params(out, meta), strict=False)
+    model.train()
+    inputs = torch.from_numpy(np.load(out / "inputs.npy")).long()
+    targets = torch.from_numpy(np.load(out / "targets.npy")).long()
+    outputs = {}  # bias name -> the linear's output, whose gradient's rows the bias sums
+
+    def keep(name):
+        def hook(module, inp, out):
+            out.retain_grad()
+            outputs[name + ".bias"] = out
+        return hook
+
+    hooks = [m.register_forward_hook(keep(n)) for n, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear) and m.bias is not None]
+    with cpu_isa.torch_lowp(), cpu_isa.fp32_accumulating_gemms():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(input_ids=inputs).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     targets.reshape(-1))
+        loss.backward()
+    for h in hooks:
+        h.remove()
+    # A bias gradient is a sum over the B·T rows of its output's gradient, and those cancel
+    # (softmax is shift-invariant, so the q/k biases' sums are small against their terms): its
+    # rounding error scales with Σ|terms|, not with the sum. cond = ‖Σ|g|‖ / ‖Σg‖ per bias.
+    cond = {}
+    for name, out in outputs.items():
+        g = out.grad.double().reshape(-1, out.shape[-1])
+        cond[name] = float(g.abs().sum(0).norm() / (g.sum(0).norm() + 1e-300))
+    return float(loss), {n: p.grad.double().numpy() for n, p in model.named_parameters()}, cond
+
+
+# bf16 autocast (memtrade's torch-cpu policy) against HF's code under PyTorch's CPU autocast with
+# fp32-accumulating GEMMs: the portable rule of tests/python/test_torch_reference.py
+# (test_autocast_matches_pytorch_cpu_autocast, rule 1): the same gradient tensors hold bf16
+# values on both sides, the loss within eps/16 relatively, each gradient tensor within 4·eps
+# relative L2 (a bias: 4·eps times the condition of its sum over rows, see hf_autocast_step).
+# Open (issue 25's notes): with an o_proj bias (Llama's attention_bias, Qwen3's) layer 1's q/k
+# weight gradients are 8-16·eps from HF's; both sides are then far from fp64 (llama-biases,
+# q_proj.weight: memtrade 17.7·eps, HF 11.7·eps), an ill-conditioned point where the rule's
+# independent-flips premise fails. Strict: these fail loudly once they pass.
+BF16_OPEN = {"llama-biases", "qwen3-bias-tied"}
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="ill-conditioned with o_proj bias"))
+    if c in BF16_OPEN else c for c in sorted(CASES)])
+def test_bf16_autocast_against_hf(memtrade_bin, tmp_path, case):
+    torch.set_num_threads(1)
+    config = CASES[case]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf_init(config, tmp_path / "init")
+    out, meta = run_dump(memtrade_bin, tmp_path, "--model-config", str(tmp_path / "config.json"),
+                         "--seq-len", "16", "--batch-size", "3", "--optimizer", "sgd",
+                         "--precision", "bf16", "--autocast-policy", "torch-cpu",
+                         "--init", str(tmp_path / "init"))
+    eps = EPS["bf16"]
+    loss, grads, cond = hf_autocast_step(out, meta, config)
+    got_loss = float(np.load(out / "loss.npy"))
+    got = {n: np.load(out / "grads" / f"{n}.npy").astype(np.float64) for n in meta["params"]}
+    ours, theirs = bf16_valued(got), bf16_valued(grads)
+    assert ours == theirs, (f"bf16-valued gradients: memtrade only {sorted(ours - theirs)}, "
+                            f"HF only {sorted(theirs - ours)}")
+    assert abs(got_loss - loss) <= eps / 16 * abs(loss), (got_loss, loss)
+    # Each tensor within 4·eps relative L2, a bias within 4·eps times its sum's condition.
+    worst = max((rel_l2(got[n], grads[n]) / eps / max(1.0, cond.get(n, 1.0)), n)
+                for n in meta["params"])
+    print(f"{case}: worst gradient {worst[1]} {worst[0]:.2f}·eps (÷ its condition "
+          f"{max(1.0, cond.get(worst[1], 1.0)):.1f}), {len(meta['params'])} tensors")
+    assert worst[0] <= 4, f"{worst[1]}: relative L2 error {worst[0]:.2f}·eps·cond > 4·eps·cond"
+
+
+def hf_saved_bytes(out, meta, config):
+    """What HF's eager model keeps for backward in fp32 (bench/peers/torch_saved.py's method (a):
+    every storage autograd saves, parameters aside, the batch included), on the dump's
+    parameters and batch."""
+    import torch_saved
+    model = hf_model(config)
+    model.load_state_dict(load_params(out, meta), strict=False)
+    model.train()
+    inputs = torch.from_numpy(np.load(out / "inputs.npy")).long()
+    targets = torch.from_numpy(np.load(out / "targets.npy")).long()
+    rec = torch_saved.SavedRecorder(model, [inputs, targets])
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda p: p):
+            logits = model(input_ids=inputs).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     targets.reshape(-1))
+        loss.backward()
+    finally:
+        rec.close()
+    return rec.bytes_of("activation", "input")
+
+
+def eager_extra(hyper, batch):
+    """Bytes HF's eager decoder keeps that memtrade's fused kernels do not (fp32), per
+    sequences of hyper["seq_len"] tokens: the Llama formula of bench/peers/saved_bytes.py
+    (llama_eager_extra: per layer each RMSNorm's two (T, C) extras, repeat_kv's expanded K and V,
+    SwiGLU's silu(gate); the final norm's), plus
+      - the rotary tables cos and sin, (1, T, head_dim) each, which the rotation's multiplies
+        save once per forward (memtrade's RoPE op computes its angles);
+      - Qwen3: q_norm's and k_norm's two extras per element, as every RMSNorm's
+        (2·(NH + NKV)·head_dim per token per layer)."""
+    import saved_bytes
+    T, hd, L = hyper["seq_len"], hyper["head_dim"], hyper["n_layer"]
+    plan = {"selective": False, "segments": [[0, L, False]]}
+    extra = saved_bytes.llama_eager_extra(hyper, batch, plan, "none")
+    extra += 4 * 2 * T * hd
+    if hyper.get("qk_norm"):
+        extra += 4 * batch * T * L * 2 * (hyper["n_head"] + hyper["n_kv_head"]) * hd
+    return extra
+
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_saved_bytes_against_hf_eager(memtrade_bin, tmp_path, case):
+    """memtrade's activations at the end of forward (its trace) against what HF's eager model
+    keeps (saved-tensor hooks), fp32: the gap is the fused kernels' (eager_extra), to 1%."""
+    import memtrade_side
+    torch.set_num_threads(1)
+    config = CASES[case]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    flags = ["--backend", "cpu", "--model-config", str(tmp_path / "config.json"), "--seq-len",
+             "16", "--batch-size", "3", "--precision", "fp32", "--optimizer", "sgd"]
+    out, meta = run_dump(memtrade_bin, tmp_path, *flags[2:])
+    trace = memtrade_side.read_trace(memtrade_side.make_trace(memtrade_bin, tmp_path / "run", flags))
+    ours = memtrade_side.live_at_end_of_forward(trace)["requested"]
+    theirs = hf_saved_bytes(out, meta, config)
+    extra = eager_extra(meta["hyper"], 3)
+    print(f"{case}: HF eager keeps {theirs:,} B, memtrade {ours:,} B, gap {ours - theirs:+,} B, "
+          f"formula {-extra:+,} B")
+    assert extra > 0.2 * theirs  # the difference is real and large
+    assert abs(ours - theirs + extra) <= 0.01 * theirs, (ours, theirs, extra)
 
 
 def test_the_hf_comparison_can_fail(memtrade_bin, tmp_path):
@@ -108,3 +345,17 @@ def test_the_hf_comparison_can_fail(memtrade_bin, tmp_path):
     qwen = dict(config, architectures=["Qwen2ForCausalLM"], model_type="qwen2")
     with pytest.raises(AssertionError):
         hf_step(out, meta, qwen)  # missing q/k/v biases
+
+
+def test_a_window_shorter_than_the_sequence_is_refused(memtrade_bin, tmp_path):
+    """HF's Mistral bands its mask to the last sliding_window keys; memtrade has no banded mask
+    yet, so a window that would cut (shorter than --seq-len) is one line and exit 2, naming it."""
+    import subprocess
+    config = dict(CASES["mistral"], sliding_window=8)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    run = subprocess.run([memtrade_bin, "step", "--backend", "cpu", "--model-config",
+                          str(tmp_path / "config.json"), "--seq-len", "16", "--batch-size", "1"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2, run
+    assert "sliding_window 8 is shorter than seq_len 16" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
