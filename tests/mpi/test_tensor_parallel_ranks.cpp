@@ -11,8 +11,10 @@
 // |a − b| ≤ 1e-5 + 8·eps32·|b|. Under 16-bit autocast the partial outputs are rounded to 16
 // bits before they are added (as NCCL adds 16-bit tensors), one extra rounding per
 // row-parallel layer that then flows through backward: bounded per tensor by
-// 1e-5 + 16·eps16·max|b| (measured: see the notes file). The update is plain SGD, linear in the
-// gradient, so the weights after the step carry the gradients' bound times lr.
+// 1e-5 + 4·eps16·max|b| (eps16 = 2^-7 for bf16; measured 1.6·eps16 on gpt-tiny and llama-tiny,
+// the same two-to-four roundings tests/python/test_data_parallel.py allows dp's 16-bit grads). The
+// update is plain SGD, linear in the gradient, so the weights after the step carry the gradients'
+// bound times lr.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -88,7 +90,7 @@ Step run_step(const TrainConfig& cfg, int tp_rank) {
 double bound(const TpCase& k, float ref, float max_ref) {
   if (autocast_dtype(k.precision)) {
     const double eps16 = k.precision == Precision::fp16 ? 0x1p-10 : 0x1p-7;
-    return 1e-5 + 16.0 * eps16 * max_ref;
+    return 1e-5 + 4.0 * eps16 * max_ref;
   }
   return 1e-5 + 8.0 * 0x1p-23 * std::abs(ref);
 }
