@@ -412,6 +412,18 @@ std::vector<Knob> make_table() {
                       parse_sequence_parallel, sequence_parallel_names);
   sp.id_rule = IdRule::non_default;
   sp.applies = [](const TrainConfig& c) { return c.tensor_parallel > 1 && has_sequence(c); };
+  sp.resolve = [](TrainConfig& c) -> std::optional<std::string> {
+    if (c.sequence_parallel == SequenceParallel::off || c.tensor_parallel == 1) return std::nullopt;
+    // The micro-batch's tokens split in equal parts over the tp ranks (models/layers/
+    // tensor_parallel.h), as Megatron requires the sequence to divide by tp.
+    const std::int64_t T = c.seq_len > 0 ? c.seq_len : max_seq_len_of(c);
+    if (T > 0 && (c.batch_size * T) % c.tensor_parallel != 0)
+      return fmt::format(
+          "sequence parallelism splits the {} tokens of a micro-batch (batch_size {} × seq_len "
+          "{}) over tp {}: they must be a multiple of it",
+          c.batch_size * T, c.batch_size, T, c.tensor_parallel);
+    return std::nullopt;
+  };
   t.push_back(std::move(sp));
 
   for (Knob& k : t) {
