@@ -66,6 +66,11 @@ class LocalComm final : public Comm {
       copy_bytes(out.data(), in.data(), static_cast<std::size_t>(send[0]) * dtype_size(in.dtype()));
   }
   void barrier() override {}
+  std::unique_ptr<Comm> split(int, int) override {
+    if (meta_)
+      throw std::logic_error("a meta comm cannot split: make its groups with make_meta_comm");
+    return std::make_unique<LocalComm>(0, 1, false);
+  }
   double all_reduce_sum(double v) override { return v; }
   double all_reduce_max(double v) override { return v; }
   std::vector<std::int64_t> all_gather_host(std::span<const std::int64_t> mine) override {

@@ -69,6 +69,12 @@ class Comm {
   virtual void progress() {}
   virtual void wait_started() {}
 
+  // The sub-group of the ranks that pass the same `color`, ordered by `key` (MPI_Comm_split):
+  // tensor and data parallelism's groups (kernels/parallel_state.h). Every rank of this group
+  // calls it. The meta backend cannot know the other ranks' colors and throws
+  // std::logic_error (its groups are made directly: make_meta_comm).
+  virtual std::unique_ptr<Comm> split(int color, int key) = 0;
+
   // Host values (losses, step times, peaks, overflow flags): every rank gets the result.
   virtual double all_reduce_sum(double v) = 0;
   virtual double all_reduce_max(double v) = 0;

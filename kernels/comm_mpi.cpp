@@ -122,10 +122,26 @@ struct Parts {
 
 class MpiComm final : public Comm {
  public:
-  MpiComm() {
+  // The world, or a group split from it (owned: freed with this object).
+  explicit MpiComm(MPI_Comm comm = MPI_COMM_NULL) {
     ensure_started();
-    check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "rank");
-    check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "size");
+    comm_ = comm == MPI_COMM_NULL ? MPI_COMM_WORLD : comm;
+    owned_ = comm != MPI_COMM_NULL;
+    check(MPI_Comm_rank(comm_, &rank_), "rank");
+    check(MPI_Comm_size(comm_, &size_), "size");
+  }
+  ~MpiComm() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned_ && !finalized) MPI_Comm_free(&comm_);
+  }
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+  std::unique_ptr<Comm> split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    check(MPI_Comm_split(comm_, color, key, &sub), "comm_split");
+    MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+    return std::make_unique<MpiComm>(sub);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -136,49 +152,47 @@ class MpiComm final : public Comm {
 
   void all_reduce(Tensor& t) override {
     check(MPI_Allreduce(MPI_IN_PLACE, t.data(), as_int(t.numel(), "all_reduce"),
-                        mpi_type(t.dtype()), sum_op(t.dtype()), MPI_COMM_WORLD),
+                        mpi_type(t.dtype()), sum_op(t.dtype()), comm_),
           "all_reduce");
   }
   void reduce_scatter(const Tensor& full, Tensor& part,
                       std::span<const std::int64_t> counts) override {
     Parts p(counts, size_, "reduce_scatter");
     check(MPI_Reduce_scatter(full.data(), part.data(), p.counts.data(), mpi_type(full.dtype()),
-                             sum_op(full.dtype()), MPI_COMM_WORLD),
+                             sum_op(full.dtype()), comm_),
           "reduce_scatter");
   }
   void all_gather(const Tensor& part, Tensor& full, std::span<const std::int64_t> counts) override {
     Parts p(counts, size_, "all_gather");
     check(MPI_Allgatherv(part.data(), p.counts[static_cast<std::size_t>(rank_)],
                          mpi_type(part.dtype()), full.data(), p.counts.data(), p.displs.data(),
-                         mpi_type(full.dtype()), MPI_COMM_WORLD),
+                         mpi_type(full.dtype()), comm_),
           "all_gather");
   }
   void all_gather_in_place(Tensor& full, std::span<const std::int64_t> counts) override {
     Parts p(counts, size_, "all_gather");
     check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, full.data(), p.counts.data(),
-                         p.displs.data(), mpi_type(full.dtype()), MPI_COMM_WORLD),
+                         p.displs.data(), mpi_type(full.dtype()), comm_),
           "all_gather");
   }
   void broadcast(Tensor& t, int root) override {
-    check(MPI_Bcast(t.data(), as_int(t.numel(), "broadcast"), mpi_type(t.dtype()), root,
-                    MPI_COMM_WORLD),
+    check(MPI_Bcast(t.data(), as_int(t.numel(), "broadcast"), mpi_type(t.dtype()), root, comm_),
           "broadcast");
   }
   void all_to_all(const Tensor& in, std::span<const std::int64_t> send, Tensor& out,
                   std::span<const std::int64_t> recv) override {
     Parts s(send, size_, "all_to_all"), r(recv, size_, "all_to_all");
-    check(
-        MPI_Alltoallv(in.data(), s.counts.data(), s.displs.data(), mpi_type(in.dtype()), out.data(),
-                      r.counts.data(), r.displs.data(), mpi_type(out.dtype()), MPI_COMM_WORLD),
-        "all_to_all");
+    check(MPI_Alltoallv(in.data(), s.counts.data(), s.displs.data(), mpi_type(in.dtype()),
+                        out.data(), r.counts.data(), r.displs.data(), mpi_type(out.dtype()), comm_),
+          "all_to_all");
   }
-  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "barrier"); }
+  void barrier() override { check(MPI_Barrier(comm_), "barrier"); }
   // MPI_Iallreduce: Open MPI's nonblocking collectives move inside MPI calls (its libnbc
   // schedules), which progress() makes between blocks of backward.
   void start_all_reduce(Tensor& t) override {
     MPI_Request r = MPI_REQUEST_NULL;
     check(MPI_Iallreduce(MPI_IN_PLACE, t.data(), as_int(t.numel(), "all_reduce"),
-                         mpi_type(t.dtype()), sum_op(t.dtype()), MPI_COMM_WORLD, &r),
+                         mpi_type(t.dtype()), sum_op(t.dtype()), comm_, &r),
           "all_reduce (nonblocking)");
     started_.push_back(r);
   }
@@ -202,7 +216,7 @@ class MpiComm final : public Comm {
     check(MPI_Allgather(mine.data(), as_int(static_cast<std::int64_t>(mine.size()), "all_gather"),
                         MPI_INT64_T, out.data(),
                         as_int(static_cast<std::int64_t>(mine.size()), "all_gather"), MPI_INT64_T,
-                        MPI_COMM_WORLD),
+                        comm_),
           "all_gather");
     return out;
   }
@@ -210,9 +224,11 @@ class MpiComm final : public Comm {
  private:
   double reduce_host(double v, MPI_Op op) {
     double out = 0;
-    check(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, op, MPI_COMM_WORLD), "all_reduce");
+    check(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, op, comm_), "all_reduce");
     return out;
   }
+  MPI_Comm comm_ = MPI_COMM_WORLD;
+  bool owned_ = false;
   int rank_ = 0, size_ = 1;
   std::vector<MPI_Request> started_;  // start_all_reduce's, until wait_started
 };

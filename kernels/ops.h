@@ -206,6 +206,28 @@ class Ops {
   // dlogits (N, V) = (softmax(logits) - onehot(target)) · dloss, dloss = scale / N_effective.
   virtual void crossentropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                                      float dloss) = 0;
+  // ---- vocabulary parallelism (Megatron's VocabParallelEmbedding and
+  // vocab_parallel_cross_entropy): this rank holds the vocabulary rows [offset, offset + count)
+  // of the embedding and the head, so its logits (N, Vr) are those columns of the full (N, V).
+  // A negative token is no row: embedding_forward gives its wpe row alone (zeros without wpe)
+  // and embedding_backward no gradient. local (B, T) I32 = token − offset for this rank's
+  // tokens, else −1.
+  virtual void vocab_local_tokens(Tensor& local, const Tensor& tokens, std::int64_t offset,
+                                  std::int64_t count) = 0;
+  // stats (N, 3) F32 per row of this rank's logits: max, Σ exp(x − max) (in double, rounded
+  // once) and the target's logit where target − offset is a column of this rank's (else 0).
+  virtual void vocab_crossentropy_stats(Tensor& stats, const Tensor& logits, const Tensor& targets,
+                                        std::int64_t offset) = 0;
+  // From every rank's stats (R, N, 3), rank after rank (all-gathered): lse (N) F32 = log Σ_r
+  // s_r·exp(m_r − M) + M with M = max_r m_r, and losses (N) F32 = lse − Σ_r target logit_r;
+  // rows whose target is negative (ignored) get loss 0.
+  virtual void vocab_crossentropy_combine(Tensor& losses, Tensor& lse, const Tensor& stats,
+                                          const Tensor& targets) = 0;
+  // dlogits (N, Vr) = (exp(x − lse) − onehot(target − offset)) · dloss; rows whose target is
+  // negative get 0.
+  virtual void vocab_crossentropy_backward(Tensor& dlogits, const Tensor& logits,
+                                           const Tensor& targets, const Tensor& lse,
+                                           std::int64_t offset, float dloss) = 0;
   // Σ t as a host double (synchronises): how the loss is read back as one number.
   virtual double sum_to_host(const Tensor& t) = 0;
 

@@ -68,7 +68,7 @@ std::string name_of(const FamilyConfig& f) {
 }
 
 // The model of a family config, trained on sequences of seq_len (0: its own).
-std::unique_ptr<Model> build(FamilyConfig f, std::int64_t seq_len) {
+std::unique_ptr<Model> build(FamilyConfig f, std::int64_t seq_len, TpSplit tp = {}) {
   return std::visit(
       [&](auto& c) -> std::unique_ptr<Model> {
         using C = std::decay_t<decltype(c)>;
@@ -78,10 +78,13 @@ std::unique_ptr<Model> build(FamilyConfig f, std::int64_t seq_len) {
                 above_bound("seq_len", seq_len, kMaxPositions).value_or("seq_len is negative"));
           c.seq_len = static_cast<int>(seq_len);
           if constexpr (std::is_same_v<C, GptConfig>)
-            return std::make_unique<GptModel>(c);
+            return std::make_unique<GptModel>(c, tp);
           else
-            return std::make_unique<LlamaModel>(c);
+            return std::make_unique<LlamaModel>(c, tp);
         } else {
+          if (tp.size != 1)
+            throw std::invalid_argument(fmt::format(
+                "tensor_parallel: {} is not a decoder (GPT and Llama models split)", c.name));
           if (seq_len != 0)
             throw std::invalid_argument(
                 fmt::format("seq_len: {} has no sequence length (a GPT-style model has)", c.name));
@@ -189,14 +192,18 @@ std::string canonical_model_name(std::string_view text) {
   return name;
 }
 
-std::unique_ptr<Model> make_model(const TrainConfig& cfg) {
-  if (cfg.model_config.empty()) return build(spec_config(cfg.model), cfg.seq_len);
+std::unique_ptr<Model> make_model(const TrainConfig& cfg, int tp_rank) {
+  if (cfg.tensor_parallel < 1 || cfg.tensor_parallel > 4096)
+    throw std::invalid_argument(
+        fmt::format("tensor_parallel {} must be in [1, 4096]", cfg.tensor_parallel));
+  const TpSplit tp{static_cast<int>(cfg.tensor_parallel), tp_rank};
+  if (cfg.model_config.empty()) return build(spec_config(cfg.model), cfg.seq_len, tp);
   HfModelConfig hf = read_hf_config(cfg.model_config);
   const std::string sha = std::visit([](const auto& c) { return c.file.sha256; }, hf);
   if (!cfg.model_config_sha256.empty() && sha != cfg.model_config_sha256)
     throw std::invalid_argument(fmt::format("model_config: {} changed since it was read",
                                             echo(cfg.model_config, kEchoPathMax)));
-  return build(std::visit([](auto& c) { return FamilyConfig(std::move(c)); }, hf), cfg.seq_len);
+  return build(std::visit([](auto& c) { return FamilyConfig(std::move(c)); }, hf), cfg.seq_len, tp);
 }
 
 std::vector<std::string> model_names() {
@@ -232,10 +239,36 @@ RunOptions RunOptions::from(const TrainConfig& cfg) {
 }
 
 std::int64_t Model::num_params() const {
-  std::int64_t total = 0;
-  for (const auto& p : params())
-    if (p.trainable) total += shape_numel(p.shape);
+  std::int64_t total = 0;  // the whole model's, whatever slice of it this rank holds
+  for (const auto& p : params()) {
+    if (!p.trainable) continue;
+    total += shape_numel(p.full_shape());
+  }
   return total;
+}
+
+Shape ParamSpec::full_shape() const {
+  Shape s = shape;
+  if (tp.split()) s[static_cast<std::size_t>(tp.dim)] = tp.full;
+  return s;
+}
+
+std::vector<float> tp_slice_of(const ParamSpec& spec, const std::vector<float>& whole) {
+  if (!spec.tp.split()) return whole;
+  const Shape full = spec.full_shape();
+  const auto dim = static_cast<std::size_t>(spec.tp.dim);
+  std::int64_t outer = 1, inner = 1;  // elements before and after the split dimension
+  for (std::size_t d = 0; d < dim; ++d) outer *= full[d];
+  for (std::size_t d = dim + 1; d < full.size(); ++d) inner *= full[d];
+  const std::int64_t group = spec.tp.full / spec.tp.groups;
+  std::vector<float> out;
+  out.reserve(static_cast<std::size_t>(shape_numel(spec.shape)));
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t g = 0; g < spec.tp.groups; ++g) {
+      const std::int64_t first = (o * spec.tp.full + g * group + spec.tp.offset) * inner;
+      out.insert(out.end(), whole.begin() + first, whole.begin() + first + spec.tp.count * inner);
+    }
+  return out;
 }
 
 }  // namespace memtrade

@@ -19,18 +19,41 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/device.h"
+#include "kernels/parallel_state.h"
 #include "models/config/config.h"
 
 namespace memtrade {
 
+// Tensor parallelism: how this rank's tensor is cut out of the whole parameter (Megatron's
+// partition_dim). dim -1: replicated (the whole parameter). Otherwise the whole parameter's
+// dimension `dim` (of size `full`) is `groups` equal groups (GPT's packed c_attn: q, k and v),
+// and this rank holds the elements [offset, offset + count) of each group along it, so its
+// tensor has groups · count there.
+struct TpSlice {
+  int dim = -1;
+  std::int64_t full = 0, groups = 1, offset = 0, count = 0;
+  bool split() const { return dim >= 0; }
+};
+
 struct ParamSpec {
   std::string name;    // PyTorch module naming: "transformer.h.0.attn.c_attn.weight"
-  Shape shape;         // PyTorch layout: nn.Linear weight is (out, in)
+  Shape shape;         // PyTorch layout: nn.Linear weight is (out, in); this rank's slice
   float init_std = 0;  // > 0: normal(0, std); 0: zeros; < 0: ones
   int block = -1;      // index of the block it belongs to (-1: outside the repeated blocks)
   bool trainable =
-      true;  // false for buffers (batch-norm running stats): F32, no grad, no optimizer
+      true;      // false for buffers (batch-norm running stats): F32, no grad, no optimizer
+  TpSlice tp{};  // this rank's slice of the whole parameter (tensor parallelism)
+  // Replicated over the tp ranks but fed by this rank's tokens only under sequence parallelism
+  // (the norms, the row-parallel biases): its gradient is all-reduced over the tp group after
+  // backward (Megatron's `sequence_parallel` parameter attribute).
+  bool sequence_parallel_grad = false;
+
+  // The whole parameter's shape (shape itself where it is not split).
+  Shape full_shape() const;
 };
+
+// This rank's elements of the whole parameter's values (row-major, spec.full_shape()).
+std::vector<float> tp_slice_of(const ParamSpec& spec, const std::vector<float>& whole);
 
 // A gradient as handed to a layer's backward: write into `t`, adding when `accumulate`.
 struct GradRef {
@@ -93,6 +116,8 @@ struct RunOptions {
   // The attention layers' ops (kernels/ops.h): math saves the probabilities, flash does not.
   AttentionKind attention = AttentionKind::math;
   std::optional<AutocastSpec> amp;  // set: autocast (fp16/bf16 precision)
+  // The ranks and groups (tensor parallelism's collectives); null: one rank.
+  const ParallelState* parallel = nullptr;
 
   // How a training (or eval) step of `cfg` runs its passes: the one translation of the knobs.
   static RunOptions from(const TrainConfig& cfg);
@@ -155,7 +180,9 @@ std::string canonical_model_name(std::string_view text);
 // cfg.model, shaped by the config's seq_len. Throws std::invalid_argument for an unknown model,
 // a seq_len it cannot take, or a model config file that cannot be read, is refused, or differs
 // from the one the config was made with (cfg.model_config_sha256).
-std::unique_ptr<Model> make_model(const TrainConfig& cfg);
+// Under tensor parallelism (cfg.tensor_parallel > 1) the model is tp rank `tp_rank`'s slice
+// (its parameters' shapes); rank 0 holds the largest part of an uneven vocabulary split.
+std::unique_ptr<Model> make_model(const TrainConfig& cfg, int tp_rank = 0);
 std::vector<std::string> model_names();
 
 }  // namespace memtrade

@@ -226,7 +226,7 @@ int cmd_point(const std::string& job_path, const std::string& result_path) {
   if (!in) throw BadInput("__point: cannot read " + job_path);
   PointJob job = job_from_json(nlohmann::json::parse(in));
   PointRow row = run_point_row(job);
-  if (job.point.config.data_parallel == 1 || !launched_by_mpi()) {
+  if (world_size(job.point.config) == 1 || !launched_by_mpi()) {
     write_json_atomic(result_path, row.to_json());
     return 0;
   }
@@ -261,23 +261,23 @@ int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank) {
   Backend b = requested == "cuda" ? Backend::cuda : Backend::cpu;
   nlohmann::json points = nlohmann::json::array();
   for (const auto& p : g.points)
-    if (rank >= p.config.data_parallel)
-      throw BadInput(fmt::format("--rank {}: {} has {} data-parallel rank{}", rank, p.id,
-                                 p.config.data_parallel, p.config.data_parallel == 1 ? "" : "s"));
+    if (rank >= world_size(p.config))
+      throw BadInput(fmt::format("--rank {}: {} has {} rank{} (tp × dp)", rank, p.id,
+                                 world_size(p.config), world_size(p.config) == 1 ? "" : "s"));
   for (const auto& p : g.points) {
     MemoryEstimate e = estimate_memory(p.config, b, g.run.capacity, 1, rank);
     nlohmann::json row = estimate_json(e);
     row["id"] = p.id;
     row["config"] = config_json(p.config, *make_model(p.config));
-    if (p.config.data_parallel > 1) row["rank"] = rank;
+    if (world_size(p.config) > 1) row["rank"] = rank;
     points.push_back(row);
     if (!json) {
       fmt::print("{:>11} {:>11} {:<4} {}\n    {}\n", format_bytes(e.peak_allocated),
                  format_bytes(e.peak_reserved), e.fits ? "fits" : "OOM", p.id,
                  breakdown_line(e.breakdown_at_peak));
-      if (p.config.data_parallel > 1)
+      if (world_size(p.config) > 1)
         fmt::print("    per rank: rank {} of {}{}; resident after the step: {}; {:.3f} s\n", rank,
-                   p.config.data_parallel, rank == 0 ? " (the most loaded)" : "",
+                   world_size(p.config), rank == 0 ? " (the most loaded)" : "",
                    breakdown_line(e.resident_after_step), e.seconds);
     }
   }

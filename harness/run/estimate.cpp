@@ -98,7 +98,7 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   auto start = std::chrono::steady_clock::now();
   MemoryEstimate e;
   MetaDevice dev(backend, capacity, rank);
-  auto model = make_model(cfg);
+  auto model = make_model(cfg, tp_rank_of(rank, static_cast<int>(cfg.tensor_parallel)));
   try {
     Trainer trainer(dev, *model, cfg);
     for (int i = 0; i < warmup; ++i) trainer.step();

@@ -254,7 +254,7 @@ int run_grid(const Grid& grid, const GridRunOptions& o) {
     std::vector<std::string> argv{self_executable().string(), "__point",  "--job",
                                   job_file.string(),          "--result", result_file.string()};
     // A data-parallel point: its ranks, under the site's MPI launcher (harness/common/launch.h).
-    const int ranks = static_cast<int>(p->config.data_parallel);
+    const int ranks = static_cast<int>(world_size(p->config));  // tp × dp
     if (ranks > 1) {
       argv = rank_launch_argv(ranks, argv);
       so.env = rank_env(ranks, o.threads);

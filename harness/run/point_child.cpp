@@ -137,7 +137,8 @@ PointRow run_point_row(const PointJob& job) {
     options.capacity = job.capacity;
     options.threads = job.threads;
     dev = make_device(job.backend, options);
-    model = make_model(cfg);
+    model = make_model(cfg, tp_rank_of(world_size(cfg) > 1 ? launched_rank() : 0,
+                                       static_cast<int>(cfg.tensor_parallel)));
     row.config["hyper"] = model->hyper();
     if (needs_cuda(cfg) && dev->backend() != Backend::cuda) {
       row.status = "skipped";
@@ -153,7 +154,7 @@ PointRow run_point_row(const PointJob& job) {
   try {
     // One rank of several predicts itself (ranks differ where parameters split unevenly).
     predicted = estimate_memory(cfg, dev->backend(), job.capacity, 1,
-                                cfg.data_parallel > 1 ? launched_rank() : 0);
+                                world_size(cfg) > 1 ? launched_rank() : 0);
   } catch (const std::exception&) {
     // The prediction is a cross-check; a failure to predict must not lose the measurement.
   }
@@ -174,8 +175,8 @@ PointRow run_point_row(const PointJob& job) {
   if (predicted) ro.predicted_peak = predicted->peak_allocated;
   // A rank that dies mid-run (a crashed node, the OOM killer): the last rank SIGKILLs itself
   // 0.3 s into the run, while the others wait for it in a collective.
-  if (fault_requested(job.point.id, "kill_rank") && cfg.data_parallel > 1 &&
-      launched_rank() == cfg.data_parallel - 1)
+  if (fault_requested(job.point.id, "kill_rank") && world_size(cfg) > 1 &&
+      launched_rank() == world_size(cfg) - 1)
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       std::raise(SIGKILL);

@@ -78,7 +78,7 @@ PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
   m.memory = dev.memory().stats();
   m.pinned = dev.pinned().stats();
   m.transfers = dev.transfers();
-  Comm& comm = trainer.comm();
+  Comm& comm = *trainer.parallel().world;  // every rank: tp × dp
   m.rank = comm.rank();
   if (comm.size() > 1 && comm.moves_data()) {
     // A step takes as long as its slowest rank (each ends with the same collectives).

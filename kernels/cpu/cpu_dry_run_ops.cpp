@@ -102,6 +102,11 @@ class DryRunOps final : public Ops {
                           bool) override {
     if (dwte) Tensor order(*dwte->allocator(), {tokens.numel()}, DType::I32, Category::temporaries);
   }
+  void vocab_local_tokens(Tensor&, const Tensor&, std::int64_t, std::int64_t) override {}
+  void vocab_crossentropy_stats(Tensor&, const Tensor&, const Tensor&, std::int64_t) override {}
+  void vocab_crossentropy_combine(Tensor&, Tensor&, const Tensor&, const Tensor&) override {}
+  void vocab_crossentropy_backward(Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                   std::int64_t, float) override {}
   void crossentropy_forward(Tensor&, const Tensor&, const Tensor&) override {}
   void crossentropy_backward(Tensor&, const Tensor&, const Tensor&, float) override {}
   double sum_to_host(const Tensor& t) override {

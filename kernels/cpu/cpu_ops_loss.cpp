@@ -12,8 +12,7 @@ void check_tokens(std::string_view op, const Tensor& tokens, std::int64_t vocab)
   check_i32(op, "tokens", tokens);
   const std::int32_t* tk = tokens.as<std::int32_t>();
   for (std::int64_t i = 0; i < tokens.numel(); ++i)
-    if (tk[i] < 0 || tk[i] >= vocab)
-      fail(op, "token {} at {} out of range [0, {})", tk[i], i, vocab);
+    if (tk[i] >= vocab) fail(op, "token {} at {} out of range [0, {})", tk[i], i, vocab);
 }
 
 // The shared shape checks, then the target values (readable here): targets >= V are an error;
@@ -64,7 +63,9 @@ void CpuOps::embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& 
     float be[kChunk], bp[kChunk], bo[kChunk];
     for (std::int64_t o = 0; o < c; o += kChunk) {
       const std::int64_t len = std::min(kChunk, c - o);
-      const float* e = read_f32(wte, tk[i] * c + o, len, be);
+      // A negative token is no row (vocabulary parallelism: another rank's token).
+      if (tk[i] < 0) std::fill(be, be + len, 0.0f);
+      const float* e = tk[i] < 0 ? be : read_f32(wte, tk[i] * c + o, len, be);
       float* y = dest_f32(out, i * c + o, bo);
       if (wpe) {
         const float* p = read_f32(*wpe, (i % t_len) * c + o, len, bp);
@@ -119,6 +120,7 @@ void CpuOps::embedding_backward(Tensor* dwte, Tensor* dwpe, const Tensor& dout,
 #pragma omp parallel for schedule(dynamic, 16) if (bt * c >= kParallelGrain)
     for (std::int64_t s = 0; s < bt; ++s) {
       const std::int32_t tok = tk[ord[s]];
+      if (tok < 0) continue;                         // no row (another rank's token)
       if (s > 0 && tk[ord[s - 1]] == tok) continue;  // not the start of a group
       std::int64_t e = s;
       while (e < bt && tk[ord[e]] == tok) ++e;
@@ -203,6 +205,106 @@ void CpuOps::crossentropy_backward(Tensor& dlogits, const Tensor& logits, const 
       const float e_target = has_target ? y[t - o] : 0.0f;
       for (std::int64_t j = 0; j < len; ++j) y[j] = y[j] * inv * dloss;
       if (has_target) y[t - o] = (e_target * inv - 1.0f) * dloss;
+      write_f32(dlogits, r * v + o, len, y);
+    }
+  }
+}
+
+void CpuOps::vocab_local_tokens(Tensor& local, const Tensor& tokens, std::int64_t offset,
+                                std::int64_t count) {
+  constexpr std::string_view op = "vocab_local_tokens";
+  check_i32(op, "tokens", tokens);
+  check_i32(op, "local", local);
+  check_shape(op, "local", local, tokens.shape());
+  const std::int32_t* tk = tokens.as<std::int32_t>();
+  std::int32_t* out = local.as<std::int32_t>();
+  for (std::int64_t i = 0; i < tokens.numel(); ++i) {
+    const std::int64_t t = std::int64_t{tk[i]} - offset;
+    out[i] = t >= 0 && t < count ? static_cast<std::int32_t>(t) : -1;
+  }
+}
+
+void CpuOps::vocab_crossentropy_stats(Tensor& stats, const Tensor& logits, const Tensor& targets,
+                                      std::int64_t offset) {
+  constexpr std::string_view op = "vocab_crossentropy_stats";
+  const std::int64_t n = check_ce(op, logits, targets), v = logits.dim(-1);
+  check_float(op, "stats", stats);
+  if (stats.numel() != 3 * n) fail(op, "stats {} must be ({}, 3)", shape_str(stats.shape()), n);
+  const std::int32_t* tg = targets.as<std::int32_t>();
+  float* st = stats.as<float>();
+#pragma omp parallel for schedule(static) if (n * v >= kParallelGrain)
+  for (std::int64_t r = 0; r < n; ++r) {
+    float mx = 0.0f;
+    double sum = 0.0;
+    float xt = 0.0f;
+    if (tg[r] >= 0) {
+      row_logsumexp(logits, r * v, v, mx, sum);
+      const std::int64_t t = std::int64_t{tg[r]} - offset;
+      if (t >= 0 && t < v) xt = load_as_float(logits.data(), logits.dtype(), r * v + t);
+    }
+    st[3 * r] = mx;
+    st[3 * r + 1] = static_cast<float>(sum);
+    st[3 * r + 2] = xt;
+  }
+}
+
+void CpuOps::vocab_crossentropy_combine(Tensor& losses, Tensor& lse, const Tensor& stats,
+                                        const Tensor& targets) {
+  constexpr std::string_view op = "vocab_crossentropy_combine";
+  check_i32(op, "targets", targets);
+  check_float(op, "stats", stats);
+  const std::int64_t n = targets.numel();
+  if (losses.numel() != n || lse.numel() != n || n == 0 || stats.numel() % (3 * n) != 0)
+    fail(op, "losses {}, lse {} and stats {} do not fit {} targets", shape_str(losses.shape()),
+         shape_str(lse.shape()), shape_str(stats.shape()), n);
+  const std::int64_t ranks = stats.numel() / (3 * n);
+  const std::int32_t* tg = targets.as<std::int32_t>();
+  const float* st = stats.as<float>();
+  for (std::int64_t r = 0; r < n; ++r) {
+    if (tg[r] < 0) {
+      store_from_float(losses.data(), losses.dtype(), r, 0.0f);
+      store_from_float(lse.data(), lse.dtype(), r, 0.0f);
+      continue;
+    }
+    float mx = -INFINITY;
+    for (std::int64_t k = 0; k < ranks; ++k) mx = std::max(mx, st[(k * n + r) * 3]);
+    double sum = 0.0, xt = 0.0;
+    for (std::int64_t k = 0; k < ranks; ++k) {
+      const float* s = st + (k * n + r) * 3;
+      sum += static_cast<double>(s[1]) * std::exp(static_cast<double>(s[0]) - mx);
+      xt += s[2];
+    }
+    const double l = std::log(sum) + mx;
+    store_from_float(lse.data(), lse.dtype(), r, static_cast<float>(l));
+    store_from_float(losses.data(), losses.dtype(), r, static_cast<float>(l - xt));
+  }
+}
+
+void CpuOps::vocab_crossentropy_backward(Tensor& dlogits, const Tensor& logits,
+                                         const Tensor& targets, const Tensor& lse,
+                                         std::int64_t offset, float dloss) {
+  constexpr std::string_view op = "vocab_crossentropy_backward";
+  const std::int64_t n = check_ce(op, logits, targets), v = logits.dim(-1);
+  check_float(op, "dlogits", dlogits);
+  check_shape(op, "dlogits", dlogits, logits.shape());
+  check_float(op, "lse", lse);
+  if (lse.numel() != n) fail(op, "lse {} must have {} elements", shape_str(lse.shape()), n);
+  const std::int32_t* tg = targets.as<std::int32_t>();
+#pragma omp parallel for schedule(static) if (n * v >= kParallelGrain)
+  for (std::int64_t r = 0; r < n; ++r) {
+    float bx[kChunk], bo[kChunk];
+    const float l = load_as_float(lse.data(), lse.dtype(), r);
+    const std::int64_t t = tg[r] < 0 ? -1 : std::int64_t{tg[r]} - offset;
+    for (std::int64_t o = 0; o < v; o += kChunk) {
+      const std::int64_t len = std::min(kChunk, v - o);
+      float* y = dest_f32(dlogits, r * v + o, bo);
+      if (tg[r] < 0) {
+        std::fill(y, y + len, 0.0f);
+      } else {
+        vec::exp_shifted(read_f32(logits, r * v + o, len, bx), l, y, len);
+        for (std::int64_t j = 0; j < len; ++j) y[j] *= dloss;
+        if (t >= o && t < o + len) y[t - o] -= dloss;
+      }
       write_f32(dlogits, r * v + o, len, y);
     }
   }

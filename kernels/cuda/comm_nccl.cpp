@@ -7,14 +7,15 @@
 // every other run, and the GPU check's bundle (64 MiB), goes without it.
 #include "kernels/comm.h"
 
+#include <cstring>
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
 
 #ifdef MEMTRADE_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <dlfcn.h>
-#include <mpi.h>
 #include <nccl.h>
 
 #include "kernels/cuda/cuda_check.h"
@@ -95,13 +96,27 @@ char* at(const Tensor& t, std::int64_t offset) {
 
 class NcclComm final : public Comm {
  public:
-  explicit NcclComm(Device& dev)
-      : host_(make_mpi_comm()), stream_(cuda::raw_stream(dev, StreamKind::compute)) {
+  // Over the ranks of `host` (MPI: the world, or a group split from it): rank 0 of the group
+  // makes the unique id and every rank reads it from a host gather, so a group needs no MPI
+  // handle of its own (tensor and data parallelism's groups are separate communicators).
+  NcclComm(Device& dev, std::unique_ptr<Comm> host)
+      : dev_(dev), host_(std::move(host)), stream_(cuda::raw_stream(dev, StreamKind::compute)) {
+    constexpr std::size_t kWords = (sizeof(ncclUniqueId) + 7) / 8;
+    std::vector<std::int64_t> mine(kWords, 0);
+    if (host_->rank() == 0) {
+      ncclUniqueId id;
+      check(nccl().ncclGetUniqueId(&id), "get_unique_id");
+      std::memcpy(mine.data(), &id, sizeof(id));
+    }
+    const std::vector<std::int64_t> all = host_->all_gather_host(mine);  // rank 0's first
     ncclUniqueId id;
-    if (host_->rank() == 0) check(nccl().ncclGetUniqueId(&id), "get_unique_id");
-    if (MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-      throw std::runtime_error("NCCL: broadcasting the unique id over MPI failed");
+    std::memcpy(&id, all.data(), sizeof(id));
     check(nccl().ncclCommInitRank(&comm_, host_->size(), id, host_->rank()), "comm_init_rank");
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+  std::unique_ptr<Comm> split(int color, int key) override {
+    return std::make_unique<NcclComm>(dev_, host_->split(color, key));
   }
   ~NcclComm() override {
     if (overlap_stream_ != nullptr) {
@@ -212,6 +227,7 @@ class NcclComm final : public Comm {
     check(nccl().ncclGroupEnd(), "group_end");
   }
 
+  Device& dev_;
   std::unique_ptr<Comm> host_;
   cudaStream_t stream_;
   ncclComm_t comm_ = nullptr;
@@ -225,7 +241,7 @@ class NcclComm final : public Comm {
 
 std::unique_ptr<Comm> make_nccl_comm(Device& device) {
   if (device.backend() != Backend::cuda) throw std::runtime_error("NCCL needs a CUDA device");
-  return std::make_unique<NcclComm>(device);
+  return std::make_unique<NcclComm>(device, make_mpi_comm());
 }
 
 std::string nccl_library_version() {

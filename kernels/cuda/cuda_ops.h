@@ -209,6 +209,14 @@ class CudaOps final : public Ops {
                          const Tensor* wpe) override;
   void embedding_backward(Tensor* dwte, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
                           bool accumulate) override;
+  void vocab_local_tokens(Tensor& local, const Tensor& tokens, std::int64_t offset,
+                          std::int64_t count) override;
+  void vocab_crossentropy_stats(Tensor& stats, const Tensor& logits, const Tensor& targets,
+                                std::int64_t offset) override;
+  void vocab_crossentropy_combine(Tensor& losses, Tensor& lse, const Tensor& stats,
+                                  const Tensor& targets) override;
+  void vocab_crossentropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                                   const Tensor& lse, std::int64_t offset, float dloss) override;
   void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets) override;
   void crossentropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                              float dloss) override;

@@ -32,7 +32,8 @@ __global__ void embedding_fwd_kernel(TO* out, const std::int32_t* tokens, const 
        i += stride) {
     const std::int64_t row = i / c, j = i % c;
     const std::int32_t tok = tokens[row];
-    const float e = tok >= 0 && tok < vocab ? to_f(wte[tok * c + j]) : NAN;
+    // A negative token is no row (vocabulary parallelism: another rank's token).
+    const float e = tok < 0 ? 0.0f : tok < vocab ? to_f(wte[tok * c + j]) : NAN;
     out[i] = from_f<TO>(wpe.p ? e + wpe[(row % t_len) * c + j] : e);  // wpe.p null: no positions
   }
 }
@@ -129,6 +130,89 @@ __global__ void crossentropy_bwd_kernel(TD* dlogits, const TL* logits, const std
       const float onehot = j == tg ? 1.0f : 0.0f;
       y[j] = from_f<TD>((expf(to_f(x[j]) - mx) * inv - onehot) * dloss);
     }
+  }
+}
+
+// ---- vocabulary parallelism ----
+
+__global__ void vocab_local_tokens_kernel(std::int32_t* local, const std::int32_t* tokens,
+                                          std::int64_t n, std::int64_t offset, std::int64_t count) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const std::int64_t t = static_cast<std::int64_t>(tokens[i]) - offset;
+    local[i] = t >= 0 && t < count ? static_cast<std::int32_t>(t) : -1;
+  }
+}
+
+// One warp per row: max, Σ exp(x − max) and the local target's logit.
+template <typename TL>
+__global__ void vocab_ce_stats_kernel(float* stats, const TL* logits, const std::int32_t* targets,
+                                      std::int64_t rows, std::int64_t v, std::int64_t offset) {
+  const int lane = threadIdx.x % 32;
+  for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+       r < rows; r += static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32)) {
+    const std::int32_t tg = targets[r];
+    if (tg < 0) {
+      if (lane == 0) stats[3 * r] = stats[3 * r + 1] = stats[3 * r + 2] = 0.0f;
+      continue;
+    }
+    const TL* x = logits + r * v;
+    float mx = -INFINITY;
+    for (std::int64_t j = lane; j < v; j += 32) mx = fmaxf(mx, to_f(x[j]));
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (std::int64_t j = lane; j < v; j += 32) sum += expf(to_f(x[j]) - mx);
+    sum = warp_sum(sum);
+    if (lane == 0) {
+      const std::int64_t t = static_cast<std::int64_t>(tg) - offset;
+      stats[3 * r] = mx;
+      stats[3 * r + 1] = sum;
+      stats[3 * r + 2] = t >= 0 && t < v ? to_f(x[t]) : 0.0f;
+    }
+  }
+}
+
+__global__ void vocab_ce_combine_kernel(float* losses, float* lse, const float* stats,
+                                        const std::int32_t* targets, std::int64_t rows,
+                                        std::int64_t ranks) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; r < rows;
+       r += stride) {
+    if (targets[r] < 0) {
+      losses[r] = lse[r] = 0.0f;
+      continue;
+    }
+    float mx = -INFINITY;
+    for (std::int64_t k = 0; k < ranks; ++k) mx = fmaxf(mx, stats[(k * rows + r) * 3]);
+    double sum = 0.0, xt = 0.0;
+    for (std::int64_t k = 0; k < ranks; ++k) {
+      const float* s = stats + (k * rows + r) * 3;
+      sum += static_cast<double>(s[1]) * exp(static_cast<double>(s[0]) - mx);
+      xt += s[2];
+    }
+    const double l = log(sum) + mx;
+    lse[r] = static_cast<float>(l);
+    losses[r] = static_cast<float>(l - xt);
+  }
+}
+
+template <typename TD, typename TL>
+__global__ void vocab_ce_bwd_kernel(TD* dlogits, const TL* logits, const std::int32_t* targets,
+                                    const float* lse, std::int64_t rows, std::int64_t v,
+                                    std::int64_t offset, float dloss) {
+  const std::int64_t n = rows * v;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const std::int64_t r = i / v, j = i % v;
+    const std::int32_t tg = targets[r];
+    if (tg < 0) {
+      dlogits[i] = from_f<TD>(0.0f);
+      continue;
+    }
+    const float onehot = j == static_cast<std::int64_t>(tg) - offset ? 1.0f : 0.0f;
+    dlogits[i] = from_f<TD>(expf(to_f(logits[i]) - lse[r]) * dloss - onehot * dloss);
   }
 }
 
@@ -272,6 +356,74 @@ void CudaOps::crossentropy_backward(Tensor& dlogits, const Tensor& logits, const
       using TL = decltype(l);
       crossentropy_bwd_kernel<TD, TL><<<grid_for_rows(n), kThreads, 0, stream_>>>(
           dlogits.as<TD>(), logits.as<TL>(), targets.as<std::int32_t>(), n, v, dloss);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void CudaOps::vocab_local_tokens(Tensor& local, const Tensor& tokens, std::int64_t offset,
+                                 std::int64_t count) {
+  NvtxRange range("vocab_local_tokens");
+  constexpr std::string_view op = "vocab_local_tokens";
+  check_i32(op, "tokens", tokens);
+  check_i32(op, "local", local);
+  check_shape(op, "local", local, tokens.shape());
+  const std::int64_t n = tokens.numel();
+  if (n == 0) return;
+  vocab_local_tokens_kernel<<<grid_for(n), kThreads, 0, stream_>>>(
+      local.as<std::int32_t>(), tokens.as<std::int32_t>(), n, offset, count);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaOps::vocab_crossentropy_stats(Tensor& stats, const Tensor& logits, const Tensor& targets,
+                                       std::int64_t offset) {
+  NvtxRange range("vocab_crossentropy_stats");
+  constexpr std::string_view op = "vocab_crossentropy_stats";
+  const std::int64_t n = check_ce(op, logits, targets);
+  if (stats.dtype() != DType::F32 || stats.numel() != 3 * n) fail(op, "stats must be (N, 3) F32");
+  if (n == 0) return;
+  const std::int64_t v = logits.dim(-1);
+  dispatch_float(logits.dtype(), op, [&](auto l) {
+    using TL = decltype(l);
+    vocab_ce_stats_kernel<TL><<<grid_for_rows(n), kThreads, 0, stream_>>>(
+        stats.as<float>(), logits.as<TL>(), targets.as<std::int32_t>(), n, v, offset);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaOps::vocab_crossentropy_combine(Tensor& losses, Tensor& lse, const Tensor& stats,
+                                         const Tensor& targets) {
+  NvtxRange range("vocab_crossentropy_combine");
+  constexpr std::string_view op = "vocab_crossentropy_combine";
+  check_i32(op, "targets", targets);
+  const std::int64_t n = targets.numel();
+  if (losses.dtype() != DType::F32 || lse.dtype() != DType::F32 || stats.dtype() != DType::F32 ||
+      losses.numel() != n || lse.numel() != n || n == 0 || stats.numel() % (3 * n) != 0)
+    fail(op, "losses, lse (N) and stats (R, N, 3) must be F32 and fit the targets");
+  vocab_ce_combine_kernel<<<grid_for(n), kThreads, 0, stream_>>>(
+      losses.as<float>(), lse.as<float>(), stats.as<float>(), targets.as<std::int32_t>(), n,
+      stats.numel() / (3 * n));
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaOps::vocab_crossentropy_backward(Tensor& dlogits, const Tensor& logits,
+                                          const Tensor& targets, const Tensor& lse,
+                                          std::int64_t offset, float dloss) {
+  NvtxRange range("vocab_crossentropy_backward");
+  constexpr std::string_view op = "vocab_crossentropy_backward";
+  const std::int64_t n = check_ce(op, logits, targets);
+  check_float(op, "dlogits", dlogits);
+  check_shape(op, "dlogits", dlogits, logits.shape());
+  if (lse.dtype() != DType::F32 || lse.numel() != n) fail(op, "lse must be (N) F32");
+  if (n == 0) return;
+  const std::int64_t v = logits.dim(-1);
+  dispatch_float(dlogits.dtype(), op, [&](auto d) {
+    dispatch_float(logits.dtype(), op, [&](auto l) {
+      using TD = decltype(d);
+      using TL = decltype(l);
+      vocab_ce_bwd_kernel<TD, TL><<<grid_for(n * v), kThreads, 0, stream_>>>(
+          dlogits.as<TD>(), logits.as<TL>(), targets.as<std::int32_t>(), lse.as<float>(), n, v,
+          offset, dloss);
       CUDA_CHECK_LAUNCH();
     });
   });

@@ -87,7 +87,26 @@ constexpr std::array<std::pair<std::string_view, Sharding>, 5> kShardings{{
     {"torch-zero1", Sharding::torch_zero1},
 }};
 
+constexpr std::array<std::pair<std::string_view, SequenceParallel>, 2> kSequenceParallel{{
+    {"off", SequenceParallel::off},
+    {"on", SequenceParallel::on},
+}};
+
 }  // namespace
+
+std::int64_t world_size(const TrainConfig& c) {
+  return c.tensor_parallel * c.data_parallel;
+}
+
+std::string_view sequence_parallel_name(SequenceParallel s) {
+  return name_of(kSequenceParallel, s);
+}
+std::optional<SequenceParallel> parse_sequence_parallel(std::string_view s) {
+  return lookup(kSequenceParallel, s);
+}
+std::vector<std::string> sequence_parallel_names() {
+  return names(kSequenceParallel);
+}
 
 std::int64_t samples_per_step(const TrainConfig& c) {
   return c.data_parallel * c.batch_size * c.accumulation;

@@ -52,6 +52,9 @@ enum class InputMemory : std::uint8_t { pinned, pageable };
 // + grads reduce-scattered; zero3 = + weights sharded, gathered per block (FSDP FULL_SHARD);
 // torch_zero1 = torch's ZeroRedundancyOptimizer over DDP (whole parameters per rank).
 enum class Sharding : std::uint8_t { none, zero1, zero2, zero3, torch_zero1 };
+// Megatron's sequence parallelism under tensor parallelism (models/layers/tensor_parallel.h): the
+// norms, residuals and the linears' saved inputs split along the tokens over the tp ranks.
+enum class SequenceParallel : std::uint8_t { off, on };
 
 // Activation checkpointing: a density in [0, 1] (fraction of blocks recomputed, evenly spaced),
 // first<density> (the same number of blocks, the first ones: which blocks are recomputed), sqrt
@@ -97,7 +100,15 @@ struct TrainConfig {
   std::int64_t data_parallel = 1;
   Sharding sharding = Sharding::none;
   OptimizerImpl optimizer_impl = OptimizerImpl::foreach;
+  // Tensor parallelism (Megatron): ranks per model replica, inside a node; the world is
+  // tensor_parallel × data_parallel ranks (kernels/parallel_state.h). batch_size stays per
+  // data-parallel rank: the tp ranks of one replica train on the same samples.
+  std::int64_t tensor_parallel = 1;
+  SequenceParallel sequence_parallel = SequenceParallel::off;
 };
+
+// The processes a point runs as: tensor_parallel × data_parallel.
+std::int64_t world_size(const TrainConfig& c);
 
 // The samples one optimizer step averages over: data_parallel × batch_size × accumulation.
 std::int64_t samples_per_step(const TrainConfig& c);
@@ -113,8 +124,9 @@ std::string_view zero_grad_name(ZeroGrad z);
 std::string_view mode_name(Mode m);
 std::string_view empty_cache_name(EmptyCache e);
 std::string_view input_name(InputMemory i);
-std::string_view attention_kind_name(AttentionKind a);  // "math", "flash"
-std::string_view sharding_name(Sharding s);             // "none", "zero1", "zero2", "zero3"
+std::string_view attention_kind_name(AttentionKind a);        // "math", "flash"
+std::string_view sharding_name(Sharding s);                   // "none", "zero1", "zero2", "zero3"
+std::string_view sequence_parallel_name(SequenceParallel s);  // "off", "on"
 std::optional<Precision> parse_precision(std::string_view s);
 std::optional<OptimizerKind> parse_optimizer(std::string_view s);
 std::optional<OptimizerImpl> parse_optimizer_impl(std::string_view s);
@@ -125,6 +137,7 @@ std::optional<EmptyCache> parse_empty_cache(std::string_view s);
 std::optional<InputMemory> parse_input(std::string_view s);
 std::optional<AttentionKind> parse_attention_kind(std::string_view s);
 std::optional<Sharding> parse_sharding(std::string_view s);
+std::optional<SequenceParallel> parse_sequence_parallel(std::string_view s);
 
 // All accepted spellings of each axis, for help texts and error messages.
 std::vector<std::string> precision_names();
@@ -137,6 +150,7 @@ std::vector<std::string> empty_cache_names();
 std::vector<std::string> input_names();
 std::vector<std::string> attention_kind_names();
 std::vector<std::string> sharding_names();
+std::vector<std::string> sequence_parallel_names();
 
 // The storage dtype of the weights on the device (and of every activation outside autocast),
 // whether an fp32 master copy exists, and the loss scaling of fp16.

@@ -415,6 +415,52 @@ std::vector<Knob> make_table() {
   };
   impl.cost = CostDriver::params;
   t.push_back(std::move(impl));
+  // Tensor (and sequence) parallelism (kernels/parallel_state.h, models/layers/tensor_parallel.h):
+  // the decoder's layers split over the tp ranks of a node. The split is the model's shape, so
+  // a size the heads, the MLP or the vocabulary cannot take is refused by make_model.
+  t.push_back(count_knob("tensor_parallel", "--tp", "tp",
+                         "Tensor-parallel ranks per model replica (Megatron; GPT and Llama): qkv "
+                         "and fc/gate/up split by columns (heads, KV heads too), the attention and "
+                         "MLP output projections by rows and joined by an all-reduce, the "
+                         "vocabulary of the embedding, head and cross-entropy split; ranks are "
+                         "tp × dp, tp inside a node",
+                         &TrainConfig::tensor_parallel, {"1", "2"}, 4096));
+  t.back().id_rule = IdRule::non_default;
+  t.back().applies = has_sequence;
+  t.back().resolve = [](TrainConfig& c) -> std::optional<std::string> {
+    if (c.tensor_parallel == 1) return std::nullopt;
+    if (!has_sequence(c))
+      return std::string("tensor parallelism splits a decoder's layers (GPT, Llama models)");
+    if (c.offload == Offload::params)
+      return std::string("offload params with tensor parallelism is not modelled");
+    try {
+      (void)make_model(c);  // heads, KV heads, MLP width: what the split cannot take
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::nullopt;
+  };
+  Knob sp = enum_knob("sequence_parallel", "--sequence-parallel", "sp-",
+                      "Megatron's sequence parallelism with --tp > 1: the norms and residuals "
+                      "(and the linears' saved inputs) split along the tokens, the row-parallel "
+                      "all-reduce a reduce-scatter and the column-parallel input an all-gather",
+                      &TrainConfig::sequence_parallel, sequence_parallel_name,
+                      parse_sequence_parallel, sequence_parallel_names);
+  sp.id_rule = IdRule::non_default;
+  sp.applies = [](const TrainConfig& c) { return c.tensor_parallel > 1 && has_sequence(c); };
+  sp.resolve = [](TrainConfig& c) -> std::optional<std::string> {
+    if (c.sequence_parallel == SequenceParallel::off || c.tensor_parallel == 1) return std::nullopt;
+    // The micro-batch's tokens split in equal parts over the tp ranks (models/layers/
+    // tensor_parallel.h), as Megatron requires the sequence to divide by tp.
+    const std::int64_t T = c.seq_len > 0 ? c.seq_len : max_seq_len_of(c);
+    if (T > 0 && (c.batch_size * T) % c.tensor_parallel != 0)
+      return fmt::format(
+          "sequence parallelism splits the {} tokens of a micro-batch (batch_size {} × seq_len "
+          "{}) over tp {}: they must be a multiple of it",
+          c.batch_size * T, c.batch_size, T, c.tensor_parallel);
+    return std::nullopt;
+  };
+  t.push_back(std::move(sp));
 
   for (Knob& k : t) {
     if (!k.id_text) k.id_text = k.get;

@@ -15,6 +15,13 @@ std::string block_label(int block) {
   return fmt::format("block {}", block);
 }
 
+// The tp group the layers run their collectives in: none for one rank.
+void set_parallel(LayerCtx& c, const RunOptions& options) {
+  if (options.parallel == nullptr || options.parallel->tp == 1) return;
+  c.tp = &options.parallel->tp_comm();
+  c.sequence_parallel = options.parallel->sequence_parallel;
+}
+
 }  // namespace
 
 int BlockModel::add_param(std::string name, Shape shape, float init_std, int block,
@@ -23,6 +30,14 @@ int BlockModel::add_param(std::string name, Shape shape, float init_std, int blo
   if (!index_.emplace(name, index).second)
     throw std::logic_error("duplicate parameter name " + name);
   params_.push_back({std::move(name), std::move(shape), init_std, block, trainable});
+  return index;
+}
+
+int BlockModel::add_param(std::string name, Shape shape, float init_std, int block, TpSlice tp,
+                          bool sequence_parallel_grad) {
+  const int index = add_param(std::move(name), std::move(shape), init_std, block);
+  params_.back().tp = tp;
+  params_.back().sequence_parallel_grad = sequence_parallel_grad;
   return index;
 }
 
@@ -59,6 +74,7 @@ Tensor BlockModel::forward(Device& dev, ParamStore& store, const Tensor& input,
 
   store.clear_casts();  // a region starts empty (a forward that threw may have left old casts)
   LayerCtx c{dev, store, *saved_, options.act_dtype, options.amp};
+  set_parallel(c, options);
   c.selective = plan_.selective;
   c.attention = options.attention;
   c.save = training;
@@ -110,6 +126,7 @@ void BlockModel::backward(Device& dev, ParamStore& store, float dloss) {
   const int n = num_blocks();
   SavedTensors& saved = *saved_;
   LayerCtx c{dev, store, saved, last_->act_dtype, last_->amp};
+  set_parallel(c, *last_);
   c.selective = plan_.selective;
   c.attention = last_->attention;
   c.save = true;

@@ -47,6 +47,10 @@ class BlockModel : public Model {
  protected:
   // Registers a parameter and returns its index.
   int add_param(std::string name, Shape shape, float init_std, int block, bool trainable = true);
+  // A trainable parameter of which this rank holds the slice `tp` (shape: the slice's), or a
+  // replicated one whose gradient the tp group all-reduces under sequence parallelism.
+  int add_param(std::string name, Shape shape, float init_std, int block, TpSlice tp,
+                bool sequence_parallel_grad = false);
 
   virtual Tensor stem_forward(LayerCtx& c, const Tensor& input) = 0;
   virtual Tensor block_forward(LayerCtx& c, int block, const Tensor& x) = 0;

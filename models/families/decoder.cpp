@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "models/layers/loss.h"
+#include "models/layers/tensor_parallel.h"
 #include "models/train/data.h"
 
 namespace memtrade {
@@ -49,6 +50,39 @@ void DecoderModel<Norm, Mlp>::set_sequence(const std::string& name, int seq_len,
 }
 
 template <typename Norm, typename Mlp>
+void DecoderModel<Norm, Mlp>::set_split(
+    const std::string& name, TpSplit tp,
+    std::initializer_list<std::pair<std::string_view, std::int64_t>> divisible,
+    std::int64_t vocab) {
+  if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size)
+    throw std::invalid_argument(fmt::format("{}: tp rank {} of {}", name, tp.rank, tp.size));
+  for (const auto& [key, value] : divisible)
+    if (value % tp.size != 0)
+      throw std::invalid_argument(
+          fmt::format("{}: {} {} does not split over tp {} (Megatron requires a multiple)", name,
+                      key, value, tp.size));
+  if (even_part(vocab, tp.size, tp.size - 1).count < 1)
+    throw std::invalid_argument(fmt::format(
+        "{}: vocab_size {} leaves a tp rank of {} without vocabulary rows", name, vocab, tp.size));
+  tp_ = tp;
+  embedding_.vocab_parallel = tp.size > 1;
+  embedding_.vocab_offset = tp.vocab(vocab).offset;
+}
+
+template <typename Norm, typename Mlp>
+int DecoderModel<Norm, Mlp>::add_split_param(std::string name, Shape whole, float init_std,
+                                             int block, TpSlice slice) {
+  if (slice.split()) whole[static_cast<std::size_t>(slice.dim)] = slice.groups * slice.count;
+  return add_param(std::move(name), std::move(whole), init_std, block, slice);
+}
+
+template <typename Norm, typename Mlp>
+int DecoderModel<Norm, Mlp>::add_replicated_param(std::string name, Shape shape, float init_std,
+                                                  int block) {
+  return add_param(std::move(name), std::move(shape), init_std, block, TpSlice{}, tp_.size > 1);
+}
+
+template <typename Norm, typename Mlp>
 void DecoderModel<Norm, Mlp>::make_batch(std::uint64_t seed, std::int64_t first, std::int64_t batch,
                                          std::vector<float>& input,
                                          std::vector<std::int32_t>& targets) const {
@@ -59,7 +93,12 @@ void DecoderModel<Norm, Mlp>::make_batch(std::uint64_t seed, std::int64_t first,
 
 template <typename Norm, typename Mlp>
 Tensor DecoderModel<Norm, Mlp>::stem_forward(LayerCtx& c, const Tensor& input) {
-  return embedding_forward(c, input, embedding_);  // (B·T, C)
+  if (c.sequence_parallel && input.numel() % c.tp->size() != 0)
+    throw std::invalid_argument(
+        fmt::format("sequence parallelism splits the {} tokens of a micro-batch over {} ranks: "
+                    "batch_size × seq_len must be a multiple of tp",
+                    input.numel(), c.tp->size()));
+  return embedding_forward(c, input, embedding_);  // (B·T, C); this rank's tokens under SP
 }
 
 // Under autocast (models/layers/context.h) the residual stream is fp32 (the embedding's output,
@@ -70,10 +109,12 @@ Tensor DecoderModel<Norm, Mlp>::stem_forward(LayerCtx& c, const Tensor& input) {
 template <typename Norm, typename Mlp>
 Tensor DecoderModel<Norm, Mlp>::block_forward(LayerCtx& c, int block, const Tensor& x) {
   const Block& b = blocks_[block];
+  // (B·T, C), or under sequence parallelism this rank's rows of it: the norms and residuals
+  // run on what the rank holds, attention and the MLP gather the rest.
   const std::int64_t N = x.dim(0), C = x.dim(1), T = seq_len_;
-  Tensor h1 = c.act_tensor({N, C}, c.out_dtype(norm_op(b.norm_1), x));  // (B·T, C)
+  Tensor h1 = c.act_tensor({N, C}, c.out_dtype(norm_op(b.norm_1), x));
   norm_forward(c, h1, x, b.norm_1);
-  Tensor a = attention_forward(c, std::move(h1), N / T, T, b.attn);
+  Tensor a = attention_forward(c, std::move(h1), whole_tokens(c, N) / T, T, b.attn);
   // The residual after attention, norm_2's input (autocast: fp32 + 16-bit promotes to fp32).
   Tensor x1 = c.act_tensor({N, C}, c.out_dtype(Op::add, x.dtype(), a.dtype()));
   c.ops().add(x1, x, a);
@@ -95,9 +136,18 @@ Tensor DecoderModel<Norm, Mlp>::head_forward(LayerCtx& c, Tensor x, const Tensor
   norm_forward(c, lnf, x, norm_f_);
   c.keep("x", std::move(x));
   lnf = c.cast_input(Op::linear, std::move(lnf));
-  Tensor logits = c.act_tensor({N, vocab_size_}, c.out_dtype(Op::linear, lnf));  // (B·T, V)
-  linear_forward(c, logits, lnf, head_);
+  // The head is column-parallel over the vocabulary: this rank's logits (B·T, V / tp) of every
+  // token (gathered under SP).
+  Tensor logits;  // (B·T, V)
+  {
+    Tensor gathered;
+    const Tensor& h = enter_column_parallel(c, lnf, gathered, Category::temporaries);
+    logits = c.act_tensor({h.dim(0), c.weight(head_.weight).dim(0)}, c.out_dtype(Op::linear, lnf));
+    linear_forward(c, logits, h, head_);
+  }
   c.keep("lnf", std::move(lnf));
+  if (embedding_.vocab_parallel)
+    return vocab_parallel_loss_forward(c, std::move(logits), targets, embedding_.vocab_offset);
   return crossentropy_loss_forward(c, std::move(logits), targets);
 }
 
@@ -106,11 +156,19 @@ Tensor DecoderModel<Norm, Mlp>::head_forward(LayerCtx& c, Tensor x, const Tensor
 template <typename Norm, typename Mlp>
 Tensor DecoderModel<Norm, Mlp>::head_backward(LayerCtx& c, float dloss) {
   const Tensor& lnf = c.get("lnf");
-  Tensor dlogits = crossentropy_loss_backward(c, dloss, c.out_dtype(Op::linear, lnf));  // (B·T, V)
-  Tensor dlnf = c.temp_like(lnf);
+  const DType logits_dtype = c.out_dtype(Op::linear, lnf);
+  Tensor dlogits =
+      embedding_.vocab_parallel  // (B·T, V / tp)
+          ? vocab_parallel_loss_backward(c, dloss, logits_dtype, embedding_.vocab_offset)
+          : crossentropy_loss_backward(c, dloss, logits_dtype);
+  Tensor gathered;
+  const Tensor& h = enter_column_parallel(c, lnf, gathered, Category::temporaries);
+  Tensor dh = c.temp_like(h);
   // A tied head writes wte's gradient first; the embedding adds to it later.
-  linear_backward(c, &dlnf, dlogits, lnf, head_);
+  linear_backward(c, &dh, dlogits, h, head_);
   dlogits.reset();
+  gathered.reset();
+  Tensor dlnf = enter_column_parallel_grad(c, std::move(dh));  // summed over the vocabulary
   const Tensor& x = c.get("x");
   dlnf = c.grad_as(std::move(dlnf), c.out_dtype(norm_op(norm_f_), x));
   Tensor dres = c.temp_like(x);  // (B·T, C): d(last block output)

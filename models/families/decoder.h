@@ -7,6 +7,12 @@
 // RmsNorm) and the MLP (GptMlp or LlamaMlp), registers its parameters with their names, shapes
 // and init, and fills the parts below; forward, backward and FLOPs are shared.
 //
+// Tensor parallelism (models/layers/tensor_parallel.h): a model built for tp rank r of N holds
+// its slice of every split parameter (column-parallel qkv and fc/gate/up, row-parallel
+// projections, the vocabulary rows of the embedding and the head) and whole copies of the rest;
+// its layers run their collectives in LayerCtx::tp. The parameter names, order and init are the
+// whole model's, each split parameter's values the slice of the whole one's (ParamSpec::tp).
+//
 // Training sequences are seq_len = T ≤ block_size long (block_size: the positions the model
 // takes, learned for GPT, max_position_embeddings for Llama): input (B, T) I32 tokens, targets
 // (B, T) the next tokens, rows_per_sample = T. One block = one decoder layer.
@@ -30,6 +36,7 @@
 #include "models/layers/layernorm.h"
 #include "models/layers/llama_mlp.h"
 #include "models/layers/rmsnorm.h"
+#include "models/layers/tensor_parallel.h"
 
 namespace memtrade {
 
@@ -101,6 +108,16 @@ class DecoderModel : public BlockModel {
   double attention_recompute_flops(std::int64_t batch, int block,
                                    const RunOptions& options) const final;
 
+  // Tensor parallelism: the split this model is built for (checks that heads, KV heads and
+  // widths divide, naming the key), a parameter of which this rank holds `slice` (its shape the
+  // slice's), and a replicated one (norms, row-parallel biases: all-reduced under SP).
+  void set_split(const std::string& name, TpSplit tp,
+                 std::initializer_list<std::pair<std::string_view, std::int64_t>> divisible,
+                 std::int64_t vocab);
+  int add_split_param(std::string name, Shape whole, float init_std, int block, TpSlice slice);
+  int add_replicated_param(std::string name, Shape shape, float init_std, int block);
+
+  TpSplit tp_{};
   Embedding embedding_;
   std::vector<Block> blocks_;
   Norm norm_f_;

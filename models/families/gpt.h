@@ -33,7 +33,8 @@ const std::vector<HyperField<GptConfig>>& gpt_hyper_fields();
 
 class GptModel final : public DecoderModel<LayerNorm, GptMlp> {
  public:
-  explicit GptModel(GptConfig cfg);
+  // tp: the tensor-parallel slice this model is (decoder.h); the whole model by default.
+  explicit GptModel(GptConfig cfg, TpSplit tp = {});
   std::string name() const override { return cfg_.name; }
   std::string family() const override { return "gpt"; }
   nlohmann::json hyper() const override;

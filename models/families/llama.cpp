@@ -35,7 +35,7 @@ const std::vector<HyperField<LlamaConfig>>& llama_hyper_fields() {
   return fields;
 }
 
-LlamaModel::LlamaModel(LlamaConfig cfg) : cfg_(std::move(cfg)) {
+LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
   check_bounds(cfg_.name, {{"n_layer", cfg_.n_layer, kMaxLayers},
                            {"n_head", cfg_.n_head, kMaxHeads},
                            {"n_kv_head", cfg_.n_kv_head, kMaxHeads},
@@ -79,62 +79,91 @@ LlamaModel::LlamaModel(LlamaConfig cfg) : cfg_(std::move(cfg)) {
     throw bad(e.what());
   }
 
+  // Phi-3's fused qkv_proj and gate_up_proj interleave what tensor parallelism splits (q, k, v;
+  // gate, up) in one weight, and Qwen3's per-head q/k norms are replicated weights whose
+  // gradients differ per rank (each rank normalises its own heads): neither is modelled yet.
+  if (tp.size > 1 && (cfg_.fused_qkv || cfg_.fused_gate_up || cfg_.qk_norm))
+    throw bad(fmt::format("tensor parallelism with {} is not modelled",
+                          cfg_.qk_norm ? "per-head q/k norms (Qwen3)"
+                                       : "fused qkv_proj / gate_up_proj (Phi-3)"));
+  set_split(cfg_.name, tp,
+            {{"n_head", cfg_.n_head},
+             {"n_kv_head", cfg_.n_kv_head},
+             {"intermediate_size", cfg_.intermediate_size}},
+            cfg_.vocab_size);
   const std::int64_t C = cfg_.n_embd, V = cfg_.vocab_size, I = cfg_.intermediate_size;
   const std::int64_t NH = cfg_.n_head, NKV = cfg_.n_kv_head;
   const auto eps = static_cast<float>(cfg_.norm_eps);
   constexpr float kStd = 0.02f;  // initializer_range
   constexpr float kOnes = -1.0f;
-  embedding_.wte = add_param("model.embed_tokens.weight", {V, C}, kStd, -1);
+  // Tensor parallelism (decoder.h): q, k, v, gate and up split by rows (KV heads too), o_proj and
+  // down_proj by columns, the vocabulary of embed_tokens and lm_head; the norms and the o/down
+  // biases whole.
+  embedding_.wte = add_split_param("model.embed_tokens.weight", {V, C}, kStd, -1, tp.vocab(V));
   for (int i = 0; i < cfg_.n_layer; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     Block b;
     // A bias follows its weight (HF's named_parameters order); biases start at zero (HF's
     // _init_weights).
-    const auto bias = [&](bool has, const std::string& name, std::int64_t n) {
-      return has ? add_param(p + name, {n}, 0, i) : ParamIndex{-1};
+    const auto bias = [&](bool has, const std::string& name, std::int64_t n) {  // split rows
+      return has ? add_split_param(p + name, {n}, 0, i, tp.even(0, n)) : ParamIndex{-1};
     };
-    if (cfg_.fused_qkv) {  // Phi-3's qkv_proj: the packed layout the attention ops take
+    const auto row_bias = [&](bool has, const std::string& name, std::int64_t n) {  // whole
+      return has ? add_replicated_param(p + name, {n}, 0, i) : ParamIndex{-1};
+    };
+    if (cfg_.fused_qkv) {  // Phi-3's qkv_proj: the packed layout the attention ops take (tp 1)
       const std::int64_t W = (NH + 2 * NKV) * hd;
-      b.attn.c_attn = {add_param(p + "self_attn.qkv_proj.weight", {W, C}, kStd, i),
-                       bias(cfg_.qkv_bias, "self_attn.qkv_proj.bias", W)};
+      b.attn.c_attn = {add_replicated_param(p + "self_attn.qkv_proj.weight", {W, C}, kStd, i),
+                       row_bias(cfg_.qkv_bias, "self_attn.qkv_proj.bias", W)};
     } else {
-      const ParamIndex q = add_param(p + "self_attn.q_proj.weight", {NH * hd, C}, kStd, i);
+      const ParamIndex q = add_split_param(p + "self_attn.q_proj.weight", {NH * hd, C}, kStd, i,
+                                           tp.even(0, NH * hd));
       const ParamIndex qb = bias(cfg_.qkv_bias, "self_attn.q_proj.bias", NH * hd);
-      const ParamIndex k = add_param(p + "self_attn.k_proj.weight", {NKV * hd, C}, kStd, i);
+      const ParamIndex k = add_split_param(p + "self_attn.k_proj.weight", {NKV * hd, C}, kStd, i,
+                                           tp.even(0, NKV * hd));
       const ParamIndex kb = bias(cfg_.qkv_bias, "self_attn.k_proj.bias", NKV * hd);
-      const ParamIndex v = add_param(p + "self_attn.v_proj.weight", {NKV * hd, C}, kStd, i);
+      const ParamIndex v = add_split_param(p + "self_attn.v_proj.weight", {NKV * hd, C}, kStd, i,
+                                           tp.even(0, NKV * hd));
       const ParamIndex vb = bias(cfg_.qkv_bias, "self_attn.v_proj.bias", NKV * hd);
       b.attn.qkv_proj.parts = {q, k, v};
       if (cfg_.qkv_bias) b.attn.qkv_proj.biases = {qb, kb, vb};
     }
-    const ParamIndex o = add_param(p + "self_attn.o_proj.weight", {C, NH * hd}, kStd, i);
-    b.attn.c_proj = {o, bias(cfg_.o_bias, "self_attn.o_proj.bias", C)};
-    b.attn.n_head = cfg_.n_head;
-    b.attn.n_kv_head = cfg_.n_kv_head;
+    const ParamIndex o =
+        add_split_param(p + "self_attn.o_proj.weight", {C, NH * hd}, kStd, i, tp.even(1, NH * hd));
+    b.attn.c_proj = {o, row_bias(cfg_.o_bias, "self_attn.o_proj.bias", C)};
+    b.attn.n_head = cfg_.n_head / tp.size;
+    b.attn.n_kv_head = cfg_.n_kv_head / tp.size;
     b.attn.rope = cfg_.rope();
-    if (cfg_.qk_norm)
-      b.attn.qk_norm = QkNorm{add_param(p + "self_attn.q_norm.weight", {hd}, kOnes, i),
-                              add_param(p + "self_attn.k_norm.weight", {hd}, kOnes, i), eps};
-    if (cfg_.fused_gate_up) {  // Phi-3's gate_up_proj
-      const ParamIndex gu = add_param(p + "mlp.gate_up_proj.weight", {2 * I, C}, kStd, i);
-      b.mlp.gate_up_proj = {gu, bias(cfg_.mlp_bias, "mlp.gate_up_proj.bias", 2 * I)};
+    if (cfg_.qk_norm)  // Qwen3's per-head norms (tp 1)
+      b.attn.qk_norm =
+          QkNorm{add_replicated_param(p + "self_attn.q_norm.weight", {hd}, kOnes, i),
+                 add_replicated_param(p + "self_attn.k_norm.weight", {hd}, kOnes, i), eps};
+    if (cfg_.fused_gate_up) {  // Phi-3's gate_up_proj (tp 1)
+      const ParamIndex gu =
+          add_replicated_param(p + "mlp.gate_up_proj.weight", {2 * I, C}, kStd, i);
+      b.mlp.gate_up_proj = {gu, row_bias(cfg_.mlp_bias, "mlp.gate_up_proj.bias", 2 * I)};
     } else {
-      const ParamIndex gate = add_param(p + "mlp.gate_proj.weight", {I, C}, kStd, i);
+      const ParamIndex gate =
+          add_split_param(p + "mlp.gate_proj.weight", {I, C}, kStd, i, tp.even(0, I));
       b.mlp.gate_proj = {gate, bias(cfg_.mlp_bias, "mlp.gate_proj.bias", I)};
-      const ParamIndex up = add_param(p + "mlp.up_proj.weight", {I, C}, kStd, i);
+      const ParamIndex up =
+          add_split_param(p + "mlp.up_proj.weight", {I, C}, kStd, i, tp.even(0, I));
       b.mlp.up_proj = {up, bias(cfg_.mlp_bias, "mlp.up_proj.bias", I)};
     }
-    const ParamIndex down = add_param(p + "mlp.down_proj.weight", {C, I}, kStd, i);
-    b.mlp.down_proj = {down, bias(cfg_.mlp_bias, "mlp.down_proj.bias", C)};
-    b.norm_1 = {add_param(p + "input_layernorm.weight", {C}, kOnes, i), "input_layernorm", eps};
-    b.norm_2 = {add_param(p + "post_attention_layernorm.weight", {C}, kOnes, i),
+    const ParamIndex down =
+        add_split_param(p + "mlp.down_proj.weight", {C, I}, kStd, i, tp.even(1, I));
+    b.mlp.down_proj = {down, row_bias(cfg_.mlp_bias, "mlp.down_proj.bias", C)};
+    b.norm_1 = {add_replicated_param(p + "input_layernorm.weight", {C}, kOnes, i),
+                "input_layernorm", eps};
+    b.norm_2 = {add_replicated_param(p + "post_attention_layernorm.weight", {C}, kOnes, i),
                 "post_attention_layernorm", eps};
     blocks_.push_back(std::move(b));
   }
-  norm_f_ = {add_param("model.norm.weight", {C}, kOnes, -1), "norm", eps};
-  head_ = {
-      cfg_.tie_word_embeddings ? embedding_.wte : add_param("lm_head.weight", {V, C}, kStd, -1),
-      -1};
+  norm_f_ = {add_replicated_param("model.norm.weight", {C}, kOnes, -1), "norm", eps};
+  head_ = {cfg_.tie_word_embeddings
+               ? embedding_.wte
+               : add_split_param("lm_head.weight", {V, C}, kStd, -1, tp.vocab(V)),
+           -1};
 }
 
 nlohmann::json LlamaModel::hyper() const {

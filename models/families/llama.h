@@ -78,8 +78,10 @@ class LlamaModel final : public DecoderModel<RmsNorm, LlamaMlp> {
  public:
   // Throws std::invalid_argument for shapes the layers cannot take (n_embd not a multiple of
   // n_head without a head_dim, n_head not of n_kv_head, an odd head_dim, a rope config HF would
-  // divide by 0 with, a sliding window shorter than seq_len).
-  explicit LlamaModel(LlamaConfig cfg);
+  // divide by 0 with, a sliding window shorter than seq_len; tensor parallelism of fused
+  // projections or per-head q/k norms).
+  // tp: the tensor-parallel slice this model is (decoder.h); the whole model by default.
+  explicit LlamaModel(LlamaConfig cfg, TpSplit tp = {});
   std::string name() const override { return cfg_.name; }
   std::string family() const override { return "llama"; }
   nlohmann::json hyper() const override;

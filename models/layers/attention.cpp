@@ -4,6 +4,7 @@
 #include <string>
 
 #include "models/layers/rmsnorm.h"
+#include "models/layers/tensor_parallel.h"
 
 namespace memtrade {
 namespace {
@@ -86,11 +87,18 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
       split ? stacked_out_features(c, a.qkv_proj) : c.weight(a.c_attn.weight).dim(0);
   const std::int64_t Y = y_width(W, a), NH = a.n_head;
   inp = c.cast_input(Op::linear, std::move(inp));
-  Tensor qkv = c.act_tensor({B * T, W}, c.out_dtype(Op::linear, inp));  // (B·T, (NH + 2·NKV)·hd)
-  if (split)
-    linear_forward(c, qkv, inp, a.qkv_proj);
-  else
-    linear_forward(c, qkv, inp, a.c_attn);
+  Tensor qkv;  // (B·T, (NH + 2·NKV)·hd): this rank's heads
+  {
+    // Column-parallel: this rank's heads read every token (gathered under SP, and freed again:
+    // backward gathers them anew, as Megatron saves only its own tokens).
+    Tensor gathered;
+    const Tensor& x = enter_column_parallel(c, inp, gathered, Category::temporaries);
+    qkv = c.act_tensor({B * T, W}, c.out_dtype(Op::linear, inp));
+    if (split)
+      linear_forward(c, qkv, x, a.qkv_proj);
+    else
+      linear_forward(c, qkv, x, a.c_attn);
+  }
   c.keep("attn.inp", std::move(inp));
   if (a.qk_norm) qk_norm_forward(c, qkv, a);
   qkv.reshape({B, T, W});
@@ -122,7 +130,7 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
   y = c.cast_input(Op::linear, std::move(y));
   // (B·T, C): added into the residual by the block
   Tensor out = c.temp({B * T, C}, c.out_dtype(Op::linear, y));
-  linear_forward(c, out, y, a.c_proj);
+  row_parallel_forward(c, out, y, a.c_proj);  // this rank's tokens under SP
   c.keep("attn.y", std::move(y));
   return out;
 }
@@ -134,7 +142,7 @@ Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAtten
   Tensor& y = c.get("attn.y");  // (B·T, NH·hd)
 
   Tensor dy = c.temp_like(y);
-  linear_backward(c, &dy, dout, y, a.c_proj);
+  row_parallel_backward(c, &dy, dout, y, a.c_proj);
   dy.reshape({B, T, Y});
 
   Tensor dqkv;  // (B, T, (NH + 2·NKV)·hd), after a recomputed att as on both backends
@@ -164,12 +172,16 @@ Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAtten
   dqkv.reshape({B * T, W});
   if (a.qk_norm) qk_norm_backward(c, dqkv, a);
   const Tensor& inp = c.get("attn.inp");
-  Tensor dinp = c.temp_like(inp);
+  Tensor gathered;
+  const Tensor& x = enter_column_parallel(c, inp, gathered, Category::temporaries);
+  Tensor dinp = c.temp_like(x);
   if (!a.qkv_proj.parts.empty())
-    linear_backward(c, &dinp, dqkv, inp, a.qkv_proj);
+    linear_backward(c, &dinp, dqkv, x, a.qkv_proj);
   else
-    linear_backward(c, &dinp, dqkv, inp, a.c_attn);
-  return dinp;
+    linear_backward(c, &dinp, dqkv, x, a.c_attn);
+  gathered.reset();
+  dqkv.reset();
+  return enter_column_parallel_grad(c, std::move(dinp));
 }
 
 }  // namespace memtrade

@@ -45,6 +45,11 @@ struct QkNorm {
   float eps = 1e-6f;
 };
 
+// Under tensor parallelism (models/layers/tensor_parallel.h) a rank holds n_head / tp query
+// heads and n_kv_head / tp key/value heads: the projection is column-parallel (its rows of q, k
+// and v), c_proj row-parallel (its input columns), and n_head, n_kv_head count this rank's.
+// Under sequence parallelism inp and the output hold this rank's tokens, and "attn.inp" is
+// saved as such (the projection's input is all-gathered in forward and again in backward).
 struct CausalSelfAttention {
   Linear c_attn;  // GPT's packed projection; unused when qkv_proj has parts
   Linear c_proj;  // Llama's o_proj

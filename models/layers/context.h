@@ -48,6 +48,11 @@ struct LayerCtx {
   bool recompute = false;  // re-running a forward for backward: no side effects (BN stats)
   AttentionKind attention = AttentionKind::math;  // RunOptions::attention
   bool backward = false;  // in Model::backward: saved weight casts are read, never made
+  // Tensor parallelism (models/layers/tensor_parallel.h): the tp group of this model replica
+  // (null: one rank, no collective), and whether the residual stream's tokens are split over it
+  // (sequence parallelism).
+  Comm* tp = nullptr;
+  bool sequence_parallel = false;
 
   Ops& ops() { return dev.ops(); }
   Tensor& weight(int index) { return store.weight(index); }

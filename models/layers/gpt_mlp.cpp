@@ -1,19 +1,27 @@
 #include "models/layers/gpt_mlp.h"
 
+#include "models/layers/tensor_parallel.h"
+
 namespace memtrade {
 
 Tensor mlp_forward(LayerCtx& c, Tensor inp, const GptMlp& m) {
-  const std::int64_t N = inp.dim(0), C = inp.dim(1);
   inp = c.cast_input(Op::linear, std::move(inp));
-  Tensor h = c.act_tensor({N, 4 * C}, c.out_dtype(Op::linear, inp));  // (N, 4C)
-  linear_forward(c, h, inp, m.c_fc);
+  Tensor h;  // (N, 4C/tp): this rank's columns of c_fc, for every token
+  {
+    Tensor gathered;  // SP: every rank's tokens, for the column-parallel c_fc
+    const Tensor& x = enter_column_parallel(c, inp, gathered, Category::temporaries);
+    h = c.act_tensor({x.dim(0), c.weight(m.c_fc.weight).dim(0)}, c.out_dtype(Op::linear, inp));
+    linear_forward(c, h, x, m.c_fc);
+  }
+  const std::int64_t C = inp.dim(1);
   c.keep("mlp.inp", std::move(inp));
-  Tensor g = c.act_tensor({N, 4 * C}, c.out_dtype(Op::gelu, h));  // (N, 4C)
+  Tensor g = c.act_tensor(h.shape(), c.out_dtype(Op::gelu, h));  // (N, 4C/tp)
   c.ops().gelu_forward(g, h);
   c.keep("mlp.h", std::move(h));
   g = c.cast_input(Op::linear, std::move(g));
-  Tensor out = c.temp({N, C}, c.out_dtype(Op::linear, g));  // (N, C): added into the residual
-  linear_forward(c, out, g, m.c_proj);
+  // (N, C): added into the residual by the block (this rank's tokens under SP)
+  Tensor out = c.temp({g.dim(0), C}, c.out_dtype(Op::linear, g));
+  row_parallel_forward(c, out, g, m.c_proj);
   c.keep("mlp.g", std::move(g));
   return out;
 }
@@ -22,16 +30,20 @@ Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const GptMlp& m) {
   const Tensor& g = c.get("mlp.g");
   const Tensor& inp = c.get("mlp.inp");
   Tensor dg = c.temp_like(g);
-  linear_backward(c, &dg, dout, g, m.c_proj);
+  row_parallel_backward(c, &dg, dout, g, m.c_proj);
 
   const Tensor& h = c.get("mlp.h");
   Tensor dh = c.temp_like(h);
   c.ops().gelu_backward(dh, dg, h);
   dg.reset();
 
-  Tensor dinp = c.temp_like(inp);
-  linear_backward(c, &dinp, dh, inp, m.c_fc);
-  return dinp;
+  Tensor gathered;
+  const Tensor& x = enter_column_parallel(c, inp, gathered, Category::temporaries);
+  Tensor dinp = c.temp_like(x);
+  linear_backward(c, &dinp, dh, x, m.c_fc);
+  gathered.reset();
+  dh.reset();
+  return enter_column_parallel_grad(c, std::move(dinp));
 }
 
 }  // namespace memtrade

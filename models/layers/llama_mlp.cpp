@@ -1,5 +1,7 @@
 #include "models/layers/llama_mlp.h"
 
+#include "models/layers/tensor_parallel.h"
+
 namespace memtrade {
 namespace {
 
@@ -19,10 +21,12 @@ std::pair<Tensor, Tensor> split_gate_up(LayerCtx& c, const Tensor& gu) {
 }  // namespace
 
 Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
-  const std::int64_t N = inp.dim(0), C = inp.dim(1);
+  const std::int64_t C = inp.dim(1);
   inp = c.cast_input(Op::linear, std::move(inp));
   Tensor h;  // (N, I): down_proj's input
-  if (fused(m)) {
+  std::int64_t N = 0;
+  if (fused(m)) {  // Phi-3's gate_up_proj, whole (tensor parallelism refuses it: llama.cpp)
+    N = inp.dim(0);
     const std::int64_t I2 = c.weight(m.gate_up_proj.weight).dim(0);
     Tensor gu = c.act_tensor({N, I2}, c.out_dtype(Op::linear, inp));  // (N, 2I)
     linear_forward(c, gu, inp, m.gate_up_proj);
@@ -32,11 +36,18 @@ Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
     c.ops().swiglu_forward(h, gate, up);
     c.keep("mlp.gate_up", std::move(gu));
   } else {
-    const std::int64_t I = c.weight(m.gate_proj.weight).dim(0);
-    Tensor gate = c.act_tensor({N, I}, c.out_dtype(Op::linear, inp));  // (N, I)
-    linear_forward(c, gate, inp, m.gate_proj);
-    Tensor up = c.act_tensor({N, I}, c.out_dtype(Op::linear, inp));  // (N, I)
-    linear_forward(c, up, inp, m.up_proj);
+    const std::int64_t I = c.weight(m.gate_proj.weight).dim(0);  // this rank's I / tp
+    Tensor gate, up;  // (N, I): gate_proj and up_proj are column-parallel
+    {
+      Tensor gathered;  // SP: every rank's tokens
+      const Tensor& x = enter_column_parallel(c, inp, gathered, Category::temporaries);
+      const std::int64_t n = x.dim(0);
+      gate = c.act_tensor({n, I}, c.out_dtype(Op::linear, inp));
+      linear_forward(c, gate, x, m.gate_proj);
+      up = c.act_tensor({n, I}, c.out_dtype(Op::linear, inp));
+      linear_forward(c, up, x, m.up_proj);
+    }
+    N = gate.dim(0);
     c.keep("mlp.inp", std::move(inp));
     h = c.act_tensor({N, I}, c.out_dtype(Op::swiglu, gate));  // (N, I)
     c.ops().swiglu_forward(h, gate, up);
@@ -44,8 +55,9 @@ Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
     c.keep("mlp.up", std::move(up));
   }
   h = c.cast_input(Op::linear, std::move(h));
-  Tensor out = c.temp({N, C}, c.out_dtype(Op::linear, h));  // (N, C): added into the residual
-  linear_forward(c, out, h, m.down_proj);
+  // (N, C): added into the residual (this rank's tokens under SP); down_proj is row-parallel
+  Tensor out = c.temp({N, C}, c.out_dtype(Op::linear, h));
+  row_parallel_forward(c, out, h, m.down_proj);
   c.keep("mlp.h", std::move(h));
   return out;
 }
@@ -54,7 +66,7 @@ Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m) {
   const Tensor& inp = c.get("mlp.inp");
   const Tensor& h = c.get("mlp.h");
   Tensor dh = c.temp_like(h);
-  linear_backward(c, &dh, dout, h, m.down_proj);
+  row_parallel_backward(c, &dh, dout, h, m.down_proj);
   if (fused(m)) {
     const Tensor& gu = c.get("mlp.gate_up");
     auto [gate, up] = split_gate_up(c, gu);
@@ -79,14 +91,18 @@ Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m) {
   Tensor dup = c.temp_like(up);
   c.ops().swiglu_backward(dgate, dup, dgate, gate, up);
 
-  Tensor dinp = c.temp_like(inp);  // (N, C): gate_proj's and up_proj's contributions added
-  linear_backward(c, &dinp, dgate, inp, m.gate_proj);
+  Tensor gathered;
+  const Tensor& x = enter_column_parallel(c, inp, gathered, Category::temporaries);
+  Tensor dinp = c.temp_like(x);  // (N, C): gate_proj's and up_proj's contributions added
+  linear_backward(c, &dinp, dgate, x, m.gate_proj);
   dgate.reset();
-  Tensor dinp_up = c.temp_like(inp);
-  linear_backward(c, &dinp_up, dup, inp, m.up_proj);
+  Tensor dinp_up = c.temp_like(x);
+  linear_backward(c, &dinp_up, dup, x, m.up_proj);
   dup.reset();
   c.ops().add_inplace(dinp, dinp_up);
-  return dinp;
+  dinp_up.reset();
+  gathered.reset();
+  return enter_column_parallel_grad(c, std::move(dinp));
 }
 
 }  // namespace memtrade

@@ -26,4 +26,34 @@ Tensor crossentropy_loss_backward(LayerCtx& c, float dloss, DType logits_dtype) 
   return c.grad_as(std::move(dlogits), logits_dtype);
 }
 
+Tensor vocab_parallel_loss_forward(LayerCtx& c, Tensor logits, const Tensor& targets,
+                                   std::int64_t vocab_offset) {
+  logits = c.cast_input(Op::crossentropy, std::move(logits));
+  const std::int64_t N = logits.dim(0);
+  const int ranks = c.tp->size();
+  Tensor losses = c.dev.empty({N}, DType::F32, Category::activations);  // (N)
+  Tensor lse = c.dev.empty({N}, DType::F32, c.cat());                   // (N)
+  {
+    Tensor stats = c.temp({N, 3}, DType::F32);  // this rank's max, Σ exp, target logit per row
+    c.ops().vocab_crossentropy_stats(stats, logits, targets, vocab_offset);
+    Tensor all = c.temp({ranks, N, 3}, DType::F32);
+    c.tp->all_gather(stats, all, std::vector<std::int64_t>(static_cast<std::size_t>(ranks), 3 * N));
+    c.ops().vocab_crossentropy_combine(losses, lse, all, targets);
+  }
+  c.keep("logits", std::move(logits));
+  c.keep("lse", std::move(lse));
+  if (c.save) c.keep("targets", copy_for_backward(c, targets));
+  return losses;
+}
+
+Tensor vocab_parallel_loss_backward(LayerCtx& c, float dloss, DType logits_dtype,
+                                    std::int64_t vocab_offset) {
+  Tensor logits = c.saved.take(c.segment, "logits");  // (N, Vr)
+  Tensor dlogits = c.temp_like(logits);
+  c.ops().vocab_crossentropy_backward(dlogits, logits, c.get("targets"), c.get("lse"), vocab_offset,
+                                      dloss);
+  logits.reset();
+  return c.grad_as(std::move(dlogits), logits_dtype);
+}
+
 }  // namespace memtrade

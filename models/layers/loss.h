@@ -15,6 +15,19 @@ Tensor crossentropy_loss_forward(LayerCtx& c, Tensor logits, const Tensor& targe
 // cast back, as autograd does); frees the saved logits first.
 Tensor crossentropy_loss_backward(LayerCtx& c, float dloss, DType logits_dtype);
 
+// Vocabulary-parallel cross-entropy (Megatron's vocab_parallel_cross_entropy): logits (N, Vr)
+// are this rank's columns [vocab_offset, vocab_offset + Vr) of the full vocabulary. Each rank
+// reduces its columns to (max, Σ exp, target logit) per row, the tp group all-gathers those
+// (N, 3) stats and every rank combines them into the same losses (N) F32 and log-sum-exp; saved:
+// the logits (as crossentropy_loss_forward), "lse" (N) F32 and the targets. Megatron all-reduces
+// the max, then the sums and the target logits (three collectives of (N)); one gather of the
+// three is the same arithmetic, each rank's sum taken against its own max.
+Tensor vocab_parallel_loss_forward(LayerCtx& c, Tensor logits, const Tensor& targets,
+                                   std::int64_t vocab_offset);
+// dlogits (N, Vr) = (softmax − onehot) · dloss over this rank's columns, in `logits_dtype`.
+Tensor vocab_parallel_loss_backward(LayerCtx& c, float dloss, DType logits_dtype,
+                                    std::int64_t vocab_offset);
+
 // A device copy of `t` with category c.cat() (for inputs that backward needs).
 Tensor copy_for_backward(LayerCtx& c, const Tensor& t);
 

@@ -17,8 +17,16 @@ double unit(std::uint64_t h) {
   return static_cast<double>(h >> 11) * 0x1.0p-53;
 }  // [0, 1)
 
-// Initial fp32 values of one parameter: normal(0, std) (Box-Muller), zeros or ones.
+// Initial fp32 values of one parameter: normal(0, std) (Box-Muller), zeros or ones; of a
+// tensor-parallel slice, the slice of the whole parameter's values (so that every tp gives the
+// model tp 1 starts from).
 std::vector<float> init_values(const ParamSpec& spec, std::uint64_t seed, int index) {
+  if (spec.tp.split()) {
+    ParamSpec whole = spec;
+    whole.shape = spec.full_shape();
+    whole.tp = TpSlice{};
+    return tp_slice_of(spec, init_values(whole, seed, index));
+  }
   std::vector<float> v(static_cast<std::size_t>(shape_numel(spec.shape)));
   if (spec.init_std == 0.0f) return v;
   if (spec.init_std < 0.0f) {

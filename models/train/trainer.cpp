@@ -18,6 +18,9 @@ class Phase {
 };
 
 TrainConfig validated(const TrainConfig& cfg) {
+  if (cfg.tensor_parallel < 1 || cfg.data_parallel < 1)
+    throw std::invalid_argument(fmt::format("tensor_parallel {} and data_parallel {} must be >= 1",
+                                            cfg.tensor_parallel, cfg.data_parallel));
   if (cfg.batch_size < 1)
     throw std::invalid_argument(fmt::format("batch_size must be >= 1, got {}", cfg.batch_size));
   if (cfg.accumulation < 1)
@@ -39,10 +42,13 @@ Trainer::Trainer(Device& dev, Model& model, const TrainConfig& cfg)
       cfg_(validated(cfg)),
       run_(RunOptions::from(cfg)),
       hyper_(default_hyper(cfg.optimizer, model.family(), cfg.lr)),
-      comm_(make_comm(dev, static_cast<int>(cfg_.data_parallel))),
-      store_(dev, model.params(), ParamPlacement::from(cfg), cfg.seed, *comm_),
+      parallel_(make_parallel_state(dev, static_cast<int>(cfg_.tensor_parallel),
+                                    static_cast<int>(cfg_.data_parallel),
+                                    cfg_.sequence_parallel == SequenceParallel::on)),
+      store_(dev, model.params(), ParamPlacement::from(cfg), cfg.seed, parallel_.dp_comm()),
       scaler_(uses_loss_scaling(cfg.precision), cfg.loss_scale_init,
               cfg.loss_scale_growth_interval) {
+  run_.parallel = &parallel_;
   if (store_.placement().host_update() && cfg_.mode == Mode::train)
     host_ops_ = dev_.make_host_ops();
   dev_.ops().set_tf32(cfg.precision == Precision::tf32);
@@ -118,7 +124,8 @@ StepResult Trainer::step() {
   const std::int64_t B = cfg_.batch_size;
   const std::int64_t k = cfg_.accumulation;
   const std::int64_t rows = model_.rows_per_sample() * B * k * cfg_.data_parallel;  // global
-  const bool several = comm_->size() > 1;
+  Comm& dp = parallel_.dp_comm();
+  const bool several = dp.size() > 1;
   const float scale = scaler_.scale();
   last_scale_ = scale;
   last_inputs_.clear();
@@ -137,7 +144,7 @@ StepResult Trainer::step() {
   Tensor loss_rows;  // (B · rows_per_sample) F32: per-row losses summed over micro-batches
   const float dloss = scale / static_cast<float>(rows);
   for (std::int64_t m = 0; m < k; ++m) {
-    MicroBatch mb = stage(first_sample(cfg_, steps_, comm_->rank(), m));
+    MicroBatch mb = stage(first_sample(cfg_, steps_, parallel_.dp_rank, m));
     {
       Phase phase(dev_, "forward");
       if (store_.ddp()) store_.broadcast_buffers();
@@ -156,7 +163,10 @@ StepResult Trainer::step() {
       store_.gather_root(/*for_backward=*/true);
       model_.backward(dev_, store_, dloss);
       store_.release_root();
-      if (last) store_.reduce_grads(ops);
+      if (last) {
+        store_.reduce_grads(ops);
+        reduce_sequence_parallel_grads();
+      }
     }
   }
   double loss_sum = 0;
@@ -164,7 +174,7 @@ StepResult Trainer::step() {
     Phase phase(dev_, train ? "backward" : "forward");
     loss_sum = ops.sum_to_host(loss_rows);  // the step's one read-back (synchronises)
     loss_rows.reset();
-    if (several) loss_sum = comm_->all_reduce_sum(loss_sum);
+    if (several) loss_sum = dp.all_reduce_sum(loss_sum);  // the tp ranks hold the same
   }
   host_staging_.clear();  // every input copy completed before the loss was read
 
@@ -179,6 +189,18 @@ StepResult Trainer::step() {
   return StepResult{loss_sum / static_cast<double>(rows), skipped, scale};
 }
 
+void Trainer::reduce_sequence_parallel_grads() {
+  if (!parallel_.sequence_parallel) return;
+  for (int i = 0; i < store_.size(); ++i)
+    if (store_.spec(i).sequence_parallel_grad && store_.has_grad(i)) {
+      // The dp-reduced gradient: whole, or this rank's part of it where zero2/3 freed the rest.
+      const bool parted = parallel_.dp > 1 &&
+                          (cfg_.sharding == Sharding::zero2 || cfg_.sharding == Sharding::zero3);
+      Tensor& g = parted ? store_.update_grad(i) : store_.device_grad(i);
+      if (g.numel() > 0) parallel_.tp_comm().all_reduce(g);
+    }
+}
+
 void Trainer::optimizer_phase(bool& skipped) {
   ScopedRange range(dev_, "optimizer_step");
   Ops& ops = dev_.ops();
@@ -187,8 +209,8 @@ void Trainer::optimizer_phase(bool& skipped) {
   bool found_inf = false;
   if (scaler_.enabled() && !grads.empty())
     found_inf = ops.unscale_and_check(grads, 1.0f);  // check only: ×1 leaves the grads as they are
-  if (scaler_.enabled() && comm_->size() > 1)        // each rank saw its part: all skip, or none
-    found_inf = comm_->all_reduce_max(found_inf ? 1.0 : 0.0) > 0.0;
+  if (scaler_.enabled() && parallel_.world_size() > 1)  // each rank saw its part: all skip, or none
+    found_inf = parallel_.world->all_reduce_max(found_inf ? 1.0 : 0.0) > 0.0;
 
   if (capture_grads_) {
     captured_grads_.assign(static_cast<std::size_t>(store_.size()), {});

@@ -34,6 +34,14 @@
 // buckets, zero1's all-reduce, the parameters outside the blocks). zero3 gathers the weights
 // outside the blocks around each forward and backward. The loss and the overflow flag are
 // all-reduced, so every rank returns the same StepResult.
+//
+// Tensor parallelism (tensor_parallel > 1; kernels/parallel_state.h): the world is tp × dp ranks;
+// the tp ranks of one replica train on the same samples (first_sample by dp rank), the model is
+// this rank's slice (make_model(cfg, tp rank)) and runs its collectives in the tp group
+// (RunOptions::parallel), the store reduces over the dp group. Under sequence parallelism the
+// gradients of the replicated parameters fed by this rank's tokens only (norms, row-parallel
+// biases: ParamSpec::sequence_parallel_grad) are all-reduced over the tp group after the
+// reduction (Megatron's finalize_model_grads). The fp16 overflow flag is reduced over the world.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +50,7 @@
 
 #include "kernels/comm.h"
 #include "kernels/device.h"
+#include "kernels/parallel_state.h"
 #include "models/config/config.h"
 #include "models/model.h"
 #include "models/train/loss_scaler.h"
@@ -96,19 +105,23 @@ class Trainer {
   const TrainConfig& config() const { return cfg_; }
   Optimizer* optimizer() { return optimizer_.get(); }  // null before the first train step
   TrainerParamStore& store() { return store_; }
-  Comm& comm() { return *comm_; }  // the data-parallel group (one rank without parallelism)
+  Comm& comm() { return parallel_.dp_comm(); }  // the data-parallel group (one rank: self)
+  const ParallelState& parallel() const { return parallel_; }
 
  private:
   struct MicroBatch;
   MicroBatch stage(std::int64_t first);  // "io": make, stage and copy one micro-batch
   void optimizer_phase(bool& skipped);
+  // Sequence parallelism: the tp group's sum of the replicated gradients fed by each rank's
+  // tokens (ParamSpec::sequence_parallel_grad), after the dp reduction.
+  void reduce_sequence_parallel_grads();
 
   Device& dev_;
   Model& model_;
   TrainConfig cfg_;
   RunOptions run_;
   OptimizerHyper hyper_;
-  std::unique_ptr<Comm> comm_;  // before store_, which keeps a reference
+  ParallelState parallel_;  // before store_, which keeps a reference to its dp group
   TrainerParamStore store_;
   LossScaler scaler_;
   std::unique_ptr<Ops> host_ops_;         // the device's ops on pinned memory (offload)

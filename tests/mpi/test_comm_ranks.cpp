@@ -131,5 +131,25 @@ TEST_F(Ranks, BroadcastAllToAllAndHostValues) {
   comm().barrier();
 }
 
+// Groups (tensor and data parallelism's, kernels/parallel_state.h): a split by one color keeps
+// both ranks in a group of its own whose collectives work; a split by rank gives groups of one,
+// whose all-reduce leaves each rank's values as they are.
+TEST_F(Ranks, SplitGroupsRunTheirOwnCollectives) {
+  const int r = comm().rank();
+  std::unique_ptr<Comm> both = comm().split(0, 1 - r);  // reversed order by key
+  ASSERT_EQ(both->size(), 2);
+  EXPECT_EQ(both->rank(), 1 - r);
+  std::unique_ptr<Comm> alone = comm().split(r, 0);
+  ASSERT_EQ(alone->size(), 1);
+  EXPECT_EQ(alone->rank(), 0);
+  Tensor x = make(4, DType::F32);
+  dev->from_host_f32(x, std::vector<float>(4, 1.0f + static_cast<float>(r)));
+  alone->all_reduce(x);
+  EXPECT_EQ(dev->to_host_f32(x), std::vector<float>(4, 1.0f + static_cast<float>(r)));
+  both->all_reduce(x);
+  EXPECT_EQ(dev->to_host_f32(x), std::vector<float>(4, 3.0f));
+  EXPECT_EQ(both->all_reduce_sum(static_cast<double>(r)), 1.0);
+}
+
 }  // namespace
 }  // namespace memtrade
