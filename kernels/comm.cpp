@@ -1,4 +1,5 @@
 #include "kernels/comm.h"
+#include "kernels/op_cost.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -35,7 +36,8 @@ namespace {
 // whose tensors hold no bytes, so there is nothing to copy.
 class LocalComm final : public Comm {
  public:
-  LocalComm(int rank, int size, bool meta) : rank_(rank), size_(size), meta_(meta) {}
+  LocalComm(int rank, int size, bool meta, StepClock* clock = nullptr)
+      : rank_(rank), size_(size), meta_(meta), clock_(clock) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   CommBackend backend() const override { return meta_ ? CommBackend::meta : CommBackend::self; }
@@ -44,24 +46,37 @@ class LocalComm final : public Comm {
   }
   bool moves_data() const override { return !meta_; }
 
-  void all_reduce(Tensor&) override {}
+  void all_reduce(Tensor& t) override { charge(CollectiveKind::all_reduce, t); }
+  void start_all_reduce(Tensor& t) override {
+    if (clock_) clock_->start_collective(CollectiveKind::all_reduce, bytes(t));
+  }
+  void wait_started() override {
+    if (clock_) clock_->wait_collectives();
+  }
   void reduce_scatter(const Tensor& full, Tensor& part,
                       std::span<const std::int64_t> counts) override {
     check(counts);
+    // FSDP / ZeRO-2's gradient reduce-scatter: overlapped with the rest of backward.
+    if (clock_) clock_->start_collective(CollectiveKind::reduce_scatter, bytes(full));
     if (!meta_) copy_bytes(part.data(), full.data(), part.nbytes());
   }
   void all_gather(const Tensor& part, Tensor& full, std::span<const std::int64_t> counts) override {
     check(counts);
+    // ZeRO-3 / FSDP's gather of a unit's weights: prefetched one unit ahead.
+    if (clock_) clock_->prefetched_collective(CollectiveKind::all_gather, bytes(full));
     if (!meta_) copy_bytes(full.data(), part.data(), part.nbytes());
   }
-  void all_gather_in_place(Tensor&, std::span<const std::int64_t> counts) override {
+  void all_gather_in_place(Tensor& full, std::span<const std::int64_t> counts) override {
     check(counts);
+    // ZeRO-3 / FSDP's gather of a unit's weights: prefetched one unit ahead.
+    if (clock_) clock_->prefetched_collective(CollectiveKind::all_gather, bytes(full));
   }
-  void broadcast(Tensor&, int) override {}
+  void broadcast(Tensor& t, int) override { charge(CollectiveKind::broadcast, t); }
   void all_to_all(const Tensor& in, std::span<const std::int64_t> send, Tensor& out,
                   std::span<const std::int64_t> recv) override {
     check(send);
     check(recv);
+    charge(CollectiveKind::all_to_all, in);
     if (!meta_)
       copy_bytes(out.data(), in.data(), static_cast<std::size_t>(send[0]) * dtype_size(in.dtype()));
   }
@@ -89,8 +104,13 @@ class LocalComm final : public Comm {
   static void copy_bytes(void* dst, const void* src, std::size_t n) {
     if (dst != src && n > 0) std::copy_n(static_cast<const char*>(src), n, static_cast<char*>(dst));
   }
+  static double bytes(const Tensor& t) { return static_cast<double>(t.nbytes()); }
+  void charge(CollectiveKind kind, const Tensor& t) {
+    if (clock_) clock_->collective(kind, bytes(t));
+  }
   int rank_, size_;
   bool meta_;
+  StepClock* clock_;  // the meta device's time model, where it keeps one
 };
 
 }  // namespace
@@ -104,14 +124,14 @@ Comm& self_comm() {
   return one;
 }
 
-std::unique_ptr<Comm> make_meta_comm(int rank, int size) {
+std::unique_ptr<Comm> make_meta_comm(int rank, int size, StepClock* clock) {
   if (size < 1 || rank < 0 || rank >= size)
     throw std::invalid_argument(fmt::format("meta comm: rank {} of {}", rank, size));
-  return std::make_unique<LocalComm>(rank, size, true);
+  return std::make_unique<LocalComm>(rank, size, true, clock);
 }
 
 std::unique_ptr<Comm> make_comm(Device& device, int world) {
-  if (!device.holds_data()) return make_meta_comm(device.meta_rank(), world);
+  if (!device.holds_data()) return make_meta_comm(device.meta_rank(), world, device.step_clock());
   if (world == 1) return make_self_comm();
   std::unique_ptr<Comm> c =
       device.backend() == Backend::cuda ? make_nccl_comm(device) : make_mpi_comm();

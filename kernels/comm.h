@@ -97,7 +97,10 @@ std::unique_ptr<Comm> make_self_comm();
 Comm& self_comm();
 // Rank `rank` of `size` ranks that move nothing (std::invalid_argument if rank is not in
 // [0, size)).
-std::unique_ptr<Comm> make_meta_comm(int rank, int size);
+class StepClock;
+// With a `clock` (kernels/op_cost.h), each collective charges its time to it: in line on the
+// compute stream, or on a stream of its own for start_all_reduce until wait_started.
+std::unique_ptr<Comm> make_meta_comm(int rank, int size, StepClock* clock = nullptr);
 
 // MPI: whether this binary was built with it, whether this process was started as one rank of
 // several (mpirun's or srun's environment: OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_SIZE), and the

@@ -91,6 +91,9 @@ class Device {
   // The data-parallel rank a device without data plays (its collectives move nothing: Comm's
   // meta backend, kernels/comm.h), so that the memory model can run any rank of N.
   virtual int meta_rank() const { return 0; }
+  // The time model's timeline of a device without data (kernels/op_cost.h), where it keeps one:
+  // its collectives charge it too. nullptr elsewhere.
+  virtual class StepClock* step_clock() { return nullptr; }
   // Ops for tensors in pinned() memory, the host side of the offload modes: CPU ops (their
   // scratch comes from the tensors' allocator, i.e. pinned memory); the meta device's take the
   // same scratch and do no arithmetic.

@@ -23,6 +23,7 @@
 #include "harness/run/step_dump.h"
 #include "kernels/comm.h"
 #include "kernels/device.h"
+#include "kernels/gpu_specs.h"
 #include "models/config/input_text.h"
 #include "models/model.h"
 
@@ -93,6 +94,29 @@ std::string version_text() {
   return out;
 }
 
+// `devices --table`: the GPU table the time model prices ops on (kernels/gpu_specs.h), dense
+// rates, one-way bandwidths, and each row's source.
+int cmd_gpu_table(bool sources) {
+  fmt::print("{:<10} {:<30} {:>4} {:>6} {:>6} {:>7} {:>7} {:>5} {:>7} {:>5} {:>8} {:>4}\n", "gpu",
+             "name", "SMs", "fp32", "tf32", "bf16", "fp8", "GiB", "mem", "PCIe", "NVLink", "dom");
+  fmt::print("{:<10} {:<30} {:>4} {:>6} {:>6} {:>7} {:>7} {:>5} {:>7} {:>5} {:>8} {:>4}\n", "", "",
+             "", "TF/s", "TF/s", "TF/s", "TF/s", "", "GB/s", "GB/s", "GB/s", "");
+  for (const GpuSpec& g : gpu_specs()) {
+    fmt::print(
+        "{:<10} {:<30} {:>4} {:>6.1f} {:>6.1f} {:>7.1f} {:>7.1f} {:>5.0f} {:>7.0f} {:>5.0f} "
+        "{:>8.0f} {:>4}\n",
+        g.name, g.full_name, g.sms, g.fp32_flops / 1e12, g.tf32_flops / 1e12, g.bf16_flops / 1e12,
+        g.fp8_flops / 1e12, g.memory_gib, g.memory_bw / 1e9, g.host_bw / 1e9, g.nvlink_bw / 1e9,
+        g.nvlink_domain);
+    if (sources) fmt::print("    source: {}\n", g.source);
+  }
+  const Fabric fabric;
+  fmt::print("between nodes: {:.0f} GB/s per GPU ({})\n", fabric.ib_bw / 1e9, fabric.source);
+  fmt::print(
+      "PCIe: what a pinned copy reaches, x16 one way (Gen4 25, Gen5 50 GB/s); rates dense\n");
+  return 0;
+}
+
 int cmd_devices() {
   for (const auto& s : probe_backends())
     fmt::print("{:<5} {:<10} {}\n", backend_name(s.backend), s.usable ? "usable" : "unusable",
@@ -119,8 +143,14 @@ std::unique_ptr<Device> device_for(const KnobFlags& flags, const TrainConfig& cf
 }  // namespace
 
 void register_point_commands(CLI::App& app, Commands& cmds) {
+  auto& gpu_table = cmds.keep<bool>();
+  auto& gpu_sources = cmds.keep<bool>();
   CLI::App* devices = app.add_subcommand("devices", "List the backends usable here");
-  cmds.add(devices, [] { return cmd_devices(); });
+  devices->add_flag("--table", gpu_table, "The GPU table of the time model (estimate --gpu)");
+  devices->add_flag("--sources", gpu_sources, "With --table: each row's datasheet");
+  cmds.add(devices, [&gpu_table, &gpu_sources] {
+    return gpu_table ? cmd_gpu_table(gpu_sources) : cmd_devices();
+  });
 
   auto& step_flags = cmds.keep<KnobFlags>();
   auto& dump_dir = cmds.keep<std::string>();

@@ -254,9 +254,28 @@ std::string breakdown_line(const std::array<std::int64_t, kNumCategories>& b) {
   return out;
 }
 
-int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank) {
+// `--gpu NAME`: its row of the GPU table; the backend is CUDA and the capacity the card's own
+// unless --capacity says otherwise.
+const GpuSpec* gpu_flag(const std::string& name, RunFlags& f) {
+  if (name.empty()) return nullptr;
+  const GpuSpec* gpu = find_gpu(name);
+  if (!gpu)
+    throw BadInput(fmt::format("--gpu: no GPU '{}' in the table (memtrade devices --table): {}",
+                               echo(name), gpu_names()));
+  if (f.knobs.backend == "cpu") throw BadInput("--gpu times a CUDA step: it needs --backend cuda");
+  f.knobs.backend = "cuda";
+  return gpu;
+}
+
+std::size_t gpu_capacity(const GpuSpec& gpu) {
+  return static_cast<std::size_t>(gpu.memory_gib * static_cast<double>(GiB));
+}
+
+int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank, const std::string& gpu_name) {
+  const GpuSpec* gpu = gpu_flag(gpu_name, f);
   std::string requested = f.knobs.backend == "auto" ? "cpu" : f.knobs.backend;
   Grid g = grid_for(cmd, f, requested);
+  if (gpu && cmd.count("--capacity") == 0) g.run.capacity = gpu_capacity(*gpu);
   select_points(g, f);
   Backend b = requested == "cuda" ? Backend::cuda : Backend::cpu;
   nlohmann::json points = nlohmann::json::array();
@@ -265,7 +284,7 @@ int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank) {
       throw BadInput(fmt::format("--rank {}: {} has {} rank{} (tp × dp)", rank, p.id,
                                  world_size(p.config), world_size(p.config) == 1 ? "" : "s"));
   for (const auto& p : g.points) {
-    MemoryEstimate e = estimate_memory(p.config, b, g.run.capacity, 1, rank);
+    MemoryEstimate e = estimate_memory(p.config, b, g.run.capacity, 1, rank, gpu);
     nlohmann::json row = estimate_json(e);
     row["id"] = p.id;
     row["config"] = config_json(p.config, *make_model(p.config));
@@ -279,12 +298,14 @@ int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank) {
         fmt::print("    per rank: rank {} of {}{}; resident after the step: {}; {:.3f} s\n", rank,
                    world_size(p.config), rank == 0 ? " (the most loaded)" : "",
                    breakdown_line(e.resident_after_step), e.seconds);
+      if (e.time) fmt::print("    time: {}\n", time_model_line(*e.time));
     }
   }
   if (json)
     fmt::print("{}\n",
                nlohmann::json{{"schema", "memtrade.estimate/1"},
                               {"backend", requested},
+                              {"gpu", gpu ? nlohmann::json(gpu->name) : nlohmann::json(nullptr)},
                               {"capacity", g.run.capacity > 0 ? nlohmann::json(g.run.capacity)
                                                               : nlohmann::json(nullptr)},
                               {"points", points}}
@@ -405,6 +426,7 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
   auto& ef = cmds.keep<RunFlags>();
   auto& ejson = cmds.keep<bool>();
   auto& erank = cmds.keep<int>();
+  auto& egpu = cmds.keep<std::string>();
   CLI::App* est =
       app.add_subcommand("estimate", "Predict peak memory and its breakdown without running");
   add_knob_flags(*est, ef.knobs);
@@ -414,7 +436,12 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
   est->add_option("--rank", erank,
                   "Data parallelism: the rank to predict (default 0, the most loaded)")
       ->check(CLI::NonNegativeNumber);
-  cmds.add(est, [est, &ef, &ejson, &erank] { return cmd_estimate(*est, ef, ejson, erank); });
+  est->add_option("--gpu", egpu,
+                  "Also predict the step time on this GPU (memtrade devices --table); implies "
+                  "--backend cuda and, without --capacity, the card's memory");
+  cmds.add(est, [est, &ef, &ejson, &erank, &egpu] {
+    return cmd_estimate(*est, ef, ejson, erank, egpu);
+  });
 
   auto& ff = cmds.keep<RunFlags>();
   auto& fit_opts = cmds.keep<FitOptions>();

@@ -6,6 +6,7 @@
 #include "harness/run/point_runner.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/op_cost.h"
 #include "models/model.h"
 #include "models/train/trainer.h"
 
@@ -34,11 +35,24 @@ class MetaProvider final : public RawProvider {
 constexpr std::uintptr_t kMetaDeviceBase = std::uintptr_t{1} << 44;
 constexpr std::uintptr_t kMetaPinnedBase = std::uintptr_t{2} << 44;
 
+// An event stamps its stream's time on the time model's clock (when there is one), so that a
+// stream waiting for it waits as long as the engine's would.
 class MetaEvent final : public Event {
  public:
-  void record(StreamKind) override {}
+  explicit MetaEvent(StepClock* clock) : clock_(clock) {}
+  void record(StreamKind stream) override {
+    stream_ = stream;
+    if (clock_) at_ = clock_->now(stream);
+  }
+  StreamKind stream() const { return stream_; }
+  double at() const { return at_; }
   void synchronize() override {}
   double seconds_since(const Event&) const override { return 0.0; }
+
+ private:
+  StepClock* clock_;
+  StreamKind stream_ = StreamKind::compute;
+  double at_ = 0;
 };
 
 // The device the memory model runs the step on. Device and pinned host memory are both meta
@@ -48,12 +62,13 @@ class MetaEvent final : public Event {
 // memory in proportion to the parameter count or the batch.
 class MetaDevice final : public Device {
  public:
-  MetaDevice(Backend backend, std::size_t capacity, int rank)
+  MetaDevice(Backend backend, std::size_t capacity, int rank, StepClock* clock)
       : rank_(rank),
         backend_(backend),
+        clock_(clock),
         memory_(std::make_unique<MetaProvider>(kMetaDeviceBase), capacity),
         pinned_(std::make_unique<MetaProvider>(kMetaPinnedBase)),
-        ops_(make_dry_run_ops(backend)) {}
+        ops_(make_dry_run_ops(backend, clock)) {}
 
   Backend backend() const override { return backend_; }
   std::string name() const override { return "meta"; }
@@ -63,9 +78,13 @@ class MetaDevice final : public Device {
   Ops& ops() override { return *ops_; }
   bool holds_data() const override { return false; }
   int meta_rank() const override { return rank_; }
-  std::unique_ptr<Ops> make_host_ops() const override { return make_dry_run_ops(Backend::cpu); }
-  void copy(void*, const void*, std::size_t bytes, CopyKind kind, StreamKind) override {
+  StepClock* step_clock() override { return clock_; }
+  std::unique_ptr<Ops> make_host_ops() const override {
+    return make_dry_run_ops(Backend::cpu, clock_, /*host=*/true);
+  }
+  void copy(void*, const void*, std::size_t bytes, CopyKind kind, StreamKind stream) override {
     count_transfer(kind, bytes);
+    if (clock_) clock_->copy(kind, static_cast<double>(bytes), stream);
     if (kind == CopyKind::device_to_device) return;
     const std::string& phase = memory_.phase();
     (phase == "io"          ? copied_inputs
@@ -76,16 +95,26 @@ class MetaDevice final : public Device {
                std::size_t rows, CopyKind kind, StreamKind stream) override {
     copy(dst, src, width * rows, kind, stream);  // one count, not one call per row
   }
-  void synchronize() override {}
-  void synchronize(StreamKind) override {}
-  std::unique_ptr<Event> make_event() override { return std::make_unique<MetaEvent>(); }
-  void wait(StreamKind, Event&) override {}
+  void synchronize() override {
+    if (clock_) clock_->synchronize();
+  }
+  void synchronize(StreamKind stream) override {
+    if (clock_) clock_->synchronize(stream);
+  }
+  std::unique_ptr<Event> make_event() override { return std::make_unique<MetaEvent>(clock_); }
+  void wait(StreamKind waiter, Event& event) override {
+    if (!clock_) return;
+    const auto& e = static_cast<const MetaEvent&>(event);
+    clock_->wait(waiter, e.at(),
+                 e.stream() == StreamKind::copy ? TimeShare::copy : TimeShare::compute);
+  }
 
   std::int64_t copied_inputs = 0, copied_passes = 0, copied_optimizer = 0;  // by phase
 
  private:
   int rank_;
   Backend backend_;
+  StepClock* clock_;  // the time model's, or nullptr
   CachingAllocator memory_;
   CachingAllocator pinned_;
   std::unique_ptr<Ops> ops_;
@@ -94,10 +123,13 @@ class MetaDevice final : public Device {
 }  // namespace
 
 MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::size_t capacity,
-                               int warmup, int rank) {
+                               int warmup, int rank, const GpuSpec* gpu, const Fabric& fabric) {
   auto start = std::chrono::steady_clock::now();
   MemoryEstimate e;
-  MetaDevice dev(backend, capacity, rank);
+  std::optional<StepClock> clock;
+  // The collectives' time is data parallelism's (the tp groups' all-reduces are not timed yet).
+  if (gpu) clock.emplace(*gpu, fabric, static_cast<int>(cfg.data_parallel));
+  MetaDevice dev(backend, capacity, rank, clock ? &*clock : nullptr);
   auto model = make_model(cfg, tp_rank_of(rank, static_cast<int>(cfg.tensor_parallel)));
   try {
     Trainer trainer(dev, *model, cfg);
@@ -105,8 +137,11 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
     dev.memory().reset_peak();
     dev.pinned().reset_peak();
     dev.copied_inputs = dev.copied_passes = dev.copied_optimizer = 0;
+    if (clock) clock->reset();
     trainer.step();
+    dev.synchronize();  // the step ends when every stream's work is done
     e.resident_after_step = dev.memory().stats().by_category;
+    if (clock) e.time = summarize_time(*clock, cfg, *model);
   } catch (const OutOfMemory& oom) {
     e.fits = false;
     e.oom_message = oom.what();
@@ -145,14 +180,16 @@ std::int64_t largest_fitting_batch(TrainConfig cfg, Backend backend, std::size_t
 
 nlohmann::json estimate_json(const MemoryEstimate& e) {
   nlohmann::json b = breakdown_json(e.breakdown_at_peak);
-  return {{"peak_allocated", e.peak_allocated},
-          {"peak_reserved", e.peak_reserved},
-          {"host_pinned_peak", e.host_pinned_peak},
-          {"breakdown_at_peak", b},
-          {"resident_after_step", breakdown_json(e.resident_after_step)},
-          {"fits", e.fits},
-          {"oom", e.fits ? nlohmann::json(nullptr) : nlohmann::json(e.oom_message)},
-          {"seconds", e.seconds}};
+  nlohmann::json j = {{"peak_allocated", e.peak_allocated},
+                      {"peak_reserved", e.peak_reserved},
+                      {"host_pinned_peak", e.host_pinned_peak},
+                      {"breakdown_at_peak", b},
+                      {"resident_after_step", breakdown_json(e.resident_after_step)},
+                      {"fits", e.fits},
+                      {"oom", e.fits ? nlohmann::json(nullptr) : nlohmann::json(e.oom_message)},
+                      {"seconds", e.seconds}};
+  if (e.time) j["time_model"] = time_model_json(*e.time);
+  return j;
 }
 
 }  // namespace memtrade

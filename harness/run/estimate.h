@@ -13,12 +13,15 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "harness/run/time_model.h"
 #include "kernels/allocator.h"
 #include "kernels/device.h"
+#include "kernels/gpu_specs.h"
 #include "models/config/config.h"
 
 namespace memtrade {
@@ -39,6 +42,8 @@ struct MemoryEstimate {
   bool fits = true;         // within capacity (when one is given)
   std::string oom_message;  // the allocator's message when it does not fit
   double seconds = 0;       // how long the estimate took
+  // With a GPU (estimate_memory's `gpu`): the time model of the measured step on it.
+  std::optional<TimeModel> time;
 };
 
 // `warmup` steps run before the peak is reset, as the harness does; 1 is enough to reach the
@@ -46,13 +51,17 @@ struct MemoryEstimate {
 // Data parallelism: the memory of rank `rank` of cfg.data_parallel, its collectives on the meta
 // backend (kernels/comm.h) with every buffer they need. Rank 0 is the most loaded: each
 // parameter's first part is its largest (ceil(n / N)), so it is what an estimate reports.
+// With a `gpu` the same dry run also times the step on it (harness/run/time_model.h), its
+// collectives over cfg.data_parallel such GPUs (NVLink within a node, `fabric` across).
 MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::size_t capacity,
-                               int warmup = 1, int rank = 0);
+                               int warmup = 1, int rank = 0, const GpuSpec* gpu = nullptr,
+                               const Fabric& fabric = {});
 // What `memtrade fit` searches: the largest batch size in [1, limit] whose estimate fits
 // `capacity` (0 when batch 1 does not), by doubling and then bisection, about 2·log2(batch)
 // estimates; cfg.batch_size is ignored.
 std::int64_t largest_fitting_batch(TrainConfig cfg, Backend backend, std::size_t capacity,
                                    std::int64_t limit);
+// The point's figures; `time_model` where e.time is set.
 nlohmann::json estimate_json(const MemoryEstimate& e);
 
 }  // namespace memtrade

@@ -3,34 +3,57 @@
 // model (harness/run/estimate.cpp) runs a whole training step with them on a device whose memory
 // is address space only. tests/harness/test_estimate.cpp holds them to the real ops: the
 // predicted peak must equal the measured one on every smoke-grid point.
+//
+// With a StepClock they are also the time model's source (kernels/op_cost.h): each op charges
+// its GEMM shapes, FLOPs and the bytes it reads and writes (each input read once, each output
+// written once, an in-place tensor both), which the clock prices on the chosen GPU.
+#include <algorithm>
 #include <optional>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda_workspace.h"
+#include "kernels/op_cost.h"
 
 namespace memtrade {
 namespace {
 
 class DryRunOps final : public Ops {
  public:
-  explicit DryRunOps(Backend target) : cuda_(target == Backend::cuda) {}
+  DryRunOps(Backend target, StepClock* clock, bool host)
+      : cuda_(target == Backend::cuda), clock_(clock), host_(host) {}
   std::string name() const override { return cuda_ ? "cuda (dry run)" : "cpu (dry run)"; }
+  void set_tf32(bool on) override { tf32_ = on; }
 
-  void matmul(Tensor& c, const Tensor& a, const Tensor& b, bool, bool, float, float) override {
+  void matmul(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool, float,
+              float beta) override {
+    const std::size_t r = c.shape().size();
+    gemm(r == 3 ? c.dim(0) : 1, c.dim(r - 2), c.dim(r - 1), trans_a ? a.dim(r - 2) : a.dim(r - 1),
+         gemm_dtype(a, b, c), nb(a) + nb(b) + nb(c) * (beta != 0.0f ? 2 : 1));
     lt_workspace(*c.allocator());
     auto a32 = f32_copy(a, *c.allocator());
     auto b32 = f32_copy(b, *c.allocator());
     auto c32 = f32_copy(c, *c.allocator());
   }
   void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
-                      const Tensor*) override {
+                      const Tensor* bias) override {
+    const std::int64_t oc = weight.dim(0), c = weight.dim(1);
+    gemm(1, inp.numel() / std::max<std::int64_t>(c, 1), oc, c, gemm_dtype(inp, weight, out),
+         nb(inp) + nb(weight) + nb(out) + (bias ? nb(*bias) : 0));
     lt_workspace(*out.allocator());
     auto x = f32_copy(inp, *out.allocator());
     auto w = f32_copy(weight, *out.allocator());
     auto y = f32_copy(out, *out.allocator());
   }
-  void linear_backward(Tensor* dinp, Tensor* dweight, Tensor*, const Tensor& dout,
-                       const Tensor& inp, const Tensor& weight, bool) override {
+  void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                       const Tensor& inp, const Tensor& weight, bool accumulate) override {
+    const std::int64_t oc = weight.dim(0), c = weight.dim(1);
+    const std::int64_t rows = inp.numel() / std::max<std::int64_t>(c, 1);
+    if (dinp)
+      gemm(1, rows, c, oc, gemm_dtype(dout, weight, *dinp), nb(dout) + nb(weight) + nb(*dinp));
+    if (dweight)
+      gemm(1, oc, c, rows, gemm_dtype(dout, inp, *dweight),
+           nb(dout) + nb(inp) + nb(*dweight) * (accumulate ? 2 : 1));
+    if (dbias) memory(nb(dout) + nb(*dbias) * (accumulate ? 2 : 1));
     if (dinp || dweight) lt_workspace(*(dinp ? dinp : dweight)->allocator());
     if (dinp) {
       auto g = f32_copy(dout, *dinp->allocator());
@@ -44,32 +67,66 @@ class DryRunOps final : public Ops {
     }
   }
 
-  void fill(Tensor&, float) override {}
-  void cast(Tensor&, const Tensor&) override {}
-  void add(Tensor&, const Tensor&, const Tensor&) override {}
-  void add_inplace(Tensor&, const Tensor&) override {}
-  void scale(Tensor&, float) override {}
-  void gelu_forward(Tensor&, const Tensor&) override {}
-  void gelu_backward(Tensor&, const Tensor&, const Tensor&) override {}
-  void relu_forward(Tensor&, const Tensor&) override {}
-  void relu_backward(Tensor&, const Tensor&, const Tensor&) override {}
-  void layernorm_forward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         float) override {}
-  void layernorm_backward(Tensor&, Tensor*, Tensor*, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&, const Tensor&, bool) override {}
-  void softmax_forward(Tensor&, const Tensor&) override {}
-  void softmax_backward(Tensor&, const Tensor&, const Tensor&) override {}
+  void fill(Tensor& t, float) override { memory(nb(t)); }
+  void cast(Tensor& dst, const Tensor& src) override { memory(nb(dst) + nb(src)); }
+  void add(Tensor& out, const Tensor& a, const Tensor& b) override {
+    memory(nb(out) + nb(a) + nb(b));
+  }
+  void add_inplace(Tensor& y, const Tensor& x) override { memory(2 * nb(y) + nb(x)); }
+  void scale(Tensor& t, float) override { memory(2 * nb(t)); }
+  void gelu_forward(Tensor& out, const Tensor& inp) override { memory(nb(out) + nb(inp)); }
+  void gelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) override {
+    memory(nb(dinp) + nb(dout) + nb(inp));
+  }
+  void relu_forward(Tensor& out, const Tensor& inp) override { memory(nb(out) + nb(inp)); }
+  void relu_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) override {
+    memory(nb(dinp) + nb(dout) + nb(out));
+  }
+  void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
+                         const Tensor& weight, const Tensor& bias, float) override {
+    memory(nb(out) + nb(mean) + nb(rstd) + nb(inp) + nb(weight) + nb(bias));
+  }
+  void layernorm_backward(Tensor& dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout,
+                          const Tensor& inp, const Tensor& weight, const Tensor& mean,
+                          const Tensor& rstd, bool) override {
+    memory(nb(dinp) + nb(dout) + nb(inp) + nb(weight) + nb(mean) + nb(rstd) +
+           2 * (opt_nb(dweight) + opt_nb(dbias)));
+  }
+  void softmax_forward(Tensor& out, const Tensor& inp) override { memory(nb(out) + nb(inp)); }
+  void softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) override {
+    memory(nb(dinp) + nb(dout) + nb(out));
+  }
 
+  // Math attention as the engine runs it per sequence: S = QKᵀ, the softmax (the scaled,
+  // masked scores written, read and the probabilities written), and O = PV.
   void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
                          int n_kv_head) override {
+    const std::int64_t b = qkv.dim(0), t = qkv.dim(1), hd = head_dim(qkv, n_head, n_kv_head);
+    const double scores = static_cast<double>(b * n_head * t * t) * dtype_size(qkv.dtype());
+    gemm(b * n_head, t, t, hd, qkv.dtype(), 2.0 * nb(qkv) / 3 + scores);
+    memory(2 * scores + nb(att));
+    gemm(b * n_head, t, hd, t, qkv.dtype(), nb(att) + nb(qkv) / 3.0 + nb(out));
     attention(&out, att, qkv, n_head, n_kv_head);
   }
   void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) override {
+    const std::int64_t b = qkv.dim(0), t = qkv.dim(1), hd = head_dim(qkv, n_head, n_kv_head);
+    const double scores = static_cast<double>(b * n_head * t * t) * dtype_size(qkv.dtype());
+    gemm(b * n_head, t, t, hd, qkv.dtype(), 2.0 * nb(qkv) / 3 + scores);
+    memory(2 * scores + nb(att));
     attention(nullptr, att, qkv, n_head, n_kv_head);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
                           int n_head, int n_kv_head) override {
     const std::int64_t t = qkv.dim(1), hd = head_dim(qkv, n_head, n_kv_head);
+    {  // dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dP ∘ P)), dQ = dS K, dK = dSᵀ Q
+      const std::int64_t bh = qkv.dim(0) * n_head;
+      const double scores = static_cast<double>(bh * t * t) * dtype_size(qkv.dtype());
+      gemm(bh, t, hd, t, qkv.dtype(), nb(att) + nb(dout) + nb(dqkv) / 3.0);
+      gemm(bh, t, t, hd, qkv.dtype(), nb(dout) + nb(qkv) / 3.0 + scores);
+      memory(nb(att) + 3 * scores);
+      gemm(bh, t, hd, t, qkv.dtype(), scores + nb(qkv) / 3.0 + nb(dqkv) / 3.0);
+      gemm(bh, t, hd, t, qkv.dtype(), scores + nb(qkv) / 3.0 + nb(dqkv) / 3.0);
+    }
     CachingAllocator& alloc = *dqkv.allocator();
     lt_workspace(alloc);
     Tensor dp(alloc, {n_head, t, t}, qkv.dtype(), Category::temporaries);
@@ -83,13 +140,25 @@ class DryRunOps final : public Ops {
   }
   // Flash (kernels/cpu/cpu_ops_flash.cpp, kernels/cuda/cuda_ops_flash.cu): no GEMM library, so
   // no cuBLASLt workspace; backward's D on both backends, the CPU's fp32 copies on the CPU.
-  void flash_attention_forward(Tensor& out, Tensor&, const Tensor& qkv, int, int) override {
+  void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
+                               int n_kv_head) override {
     if (qkv.numel() == 0) return;
+    if (clock_)
+      clock_->flash(flash_flops(qkv, n_head, n_kv_head), nb(qkv) + nb(out) + nb(lse), qkv.dtype(),
+                    false);
     auto qkv32 = f32_copy(qkv, *out.allocator());
   }
-  void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor&,
-                                const Tensor& lse, int, int) override {
+  void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                const Tensor& out, const Tensor& lse, int n_head,
+                                int n_kv_head) override {
     if (qkv.numel() == 0) return;
+    if (clock_) {
+      memory(nb(dout) + nb(out) + nb(lse));  // D = rowsum(dO ∘ O), its own kernel
+      // FlashAttention-2's backward: 5 GEMMs against the forward's 2 (S recomputed, dV, dP, dQ,
+      // dK), 2.5 x its FLOPs.
+      clock_->flash(2.5 * flash_flops(qkv, n_head, n_kv_head),
+                    nb(qkv) + nb(dout) + 2 * nb(lse) + nb(dqkv), qkv.dtype(), true);
+    }
     CachingAllocator& alloc = *dqkv.allocator();
     Tensor dsum(alloc, lse.shape(), DType::F32, Category::temporaries);
     auto qkv32 = f32_copy(qkv, alloc);
@@ -97,26 +166,52 @@ class DryRunOps final : public Ops {
     auto dqkv32 = f32_copy(dqkv, alloc);
   }
 
-  void embedding_forward(Tensor&, const Tensor&, const Tensor&, const Tensor*) override {}
-  void embedding_backward(Tensor* dwte, Tensor*, const Tensor&, const Tensor& tokens,
-                          bool) override {
+  void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor&,
+                         const Tensor* wpe) override {
+    memory(nb(tokens) + nb(out) * (wpe ? 3 : 2));  // the gathered rows, the positions, out
+  }
+  // torch's embedding_dense_backward: a zeroed (V, C) gradient, then the rows scattered into it.
+  void embedding_backward(Tensor* dwte, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
+                          bool accumulate) override {
+    memory(nb(tokens) + nb(dout) + 2 * nb(dout) * ((dwte ? 1 : 0) + (dwpe ? 1 : 0)) +
+           (accumulate ? 0 : opt_nb(dwte) + opt_nb(dwpe)));
     if (dwte) Tensor order(*dwte->allocator(), {tokens.numel()}, DType::I32, Category::temporaries);
   }
-  void vocab_local_tokens(Tensor&, const Tensor&, std::int64_t, std::int64_t) override {}
-  void vocab_crossentropy_stats(Tensor&, const Tensor&, const Tensor&, std::int64_t) override {}
-  void vocab_crossentropy_combine(Tensor&, Tensor&, const Tensor&, const Tensor&) override {}
-  void vocab_crossentropy_backward(Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                   std::int64_t, float) override {}
-  void crossentropy_forward(Tensor&, const Tensor&, const Tensor&) override {}
-  void crossentropy_backward(Tensor&, const Tensor&, const Tensor&, float) override {}
+  void vocab_local_tokens(Tensor& local, const Tensor& targets, std::int64_t,
+                          std::int64_t) override {
+    memory(nb(local) + nb(targets));
+  }
+  void vocab_crossentropy_stats(Tensor& stats, const Tensor& logits, const Tensor& targets,
+                                std::int64_t) override {
+    memory(nb(stats) + nb(logits) + nb(targets));
+  }
+  void vocab_crossentropy_combine(Tensor& losses, Tensor& stats, const Tensor& a,
+                                  const Tensor& b) override {
+    memory(nb(losses) + nb(stats) + nb(a) + nb(b));
+  }
+  void vocab_crossentropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                                   const Tensor& stats, std::int64_t, float) override {
+    memory(nb(dlogits) + nb(logits) + nb(targets) + nb(stats));
+  }
+  void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets) override {
+    memory(nb(logits) + nb(targets) + nb(losses));
+  }
+  void crossentropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                             float) override {
+    memory(nb(dlogits) + nb(logits) + nb(targets));
+  }
   double sum_to_host(const Tensor& t) override {
+    memory(nb(t));
     lt_workspace(*t.allocator());
     return 0.0;
   }
 
+  // Convolution as cuDNN's implicit GEMM: (Co) x (N·OH·OW) x (Ci·KH·KW).
   void conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor*,
                       int stride, int pad) override {
     Conv d = dims(inp, weight, stride, pad);
+    gemm(1, d.co, inp.dim(0) * d.p, d.k, gemm_dtype(inp, weight, out),
+         nb(inp) + nb(weight) + nb(out));
     CachingAllocator& alloc = *out.allocator();
     auto w = f32_copy(weight, alloc);
     auto out_buf = scratch_if(out.dtype() != DType::F32, alloc, {d.co, d.p}, Category::workspace);
@@ -127,6 +222,12 @@ class DryRunOps final : public Ops {
                        bool) override {
     if (!dinp && !dweight) return;
     Conv d = dims(inp, weight, stride, pad);
+    if (dinp)
+      gemm(1, d.k, inp.dim(0) * d.p, d.co, gemm_dtype(dout, weight, *dinp),
+           nb(dout) + nb(weight) + nb(*dinp));
+    if (dweight)
+      gemm(1, d.co, d.k, inp.dim(0) * d.p, gemm_dtype(dout, inp, *dweight),
+           nb(dout) + nb(inp) + 2 * nb(*dweight));
     CachingAllocator& alloc = *(dinp ? dinp : dweight)->allocator();
     std::optional<Tensor> w, dw;
     if (dinp) w = f32_copy(weight, alloc);
@@ -138,34 +239,79 @@ class DryRunOps final : public Ops {
   }
   // CUDA's batch-norm keeps its per-block partial sums in the small scratch (when it splits
   // channels across blocks, which the tiny and small CNNs do).
-  void batchnorm_forward(Tensor& out, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         Tensor*, Tensor*, float, float) override {
+  // Batch-norm reads its input twice (statistics, then normalisation); backward reads dout and
+  // the input twice (the sums, then dinp).
+  void batchnorm_forward(Tensor& out, Tensor&, Tensor&, const Tensor& inp, const Tensor&,
+                         const Tensor&, Tensor*, Tensor*, float, float) override {
+    memory(2 * nb(inp) + nb(out));
     lt_workspace(*out.allocator());
   }
-  void batchnorm_backward(Tensor& dinp, Tensor*, Tensor*, const Tensor&, const Tensor&,
+  void batchnorm_backward(Tensor& dinp, Tensor*, Tensor*, const Tensor& dout, const Tensor& inp,
                           const Tensor&, const Tensor&, const Tensor&, bool) override {
+    memory(2 * (nb(dout) + nb(inp)) + nb(dinp));
     lt_workspace(*dinp.allocator());
   }
-  void global_avgpool_forward(Tensor&, const Tensor&) override {}
-  void global_avgpool_backward(Tensor&, const Tensor&) override {}
-  void maxpool2d_forward(Tensor&, Tensor&, const Tensor&, int, int) override {}
-  void maxpool2d_backward(Tensor&, const Tensor&, const Tensor&) override {}
+  void global_avgpool_forward(Tensor& out, const Tensor& inp) override {
+    memory(nb(out) + nb(inp));
+  }
+  void global_avgpool_backward(Tensor& dinp, const Tensor& dout) override {
+    memory(nb(dinp) + nb(dout));
+  }
+  void maxpool2d_forward(Tensor& out, Tensor& argmax, const Tensor& inp, int, int) override {
+    memory(nb(out) + nb(argmax) + nb(inp));
+  }
+  void maxpool2d_backward(Tensor& dinp, const Tensor& dout, const Tensor& argmax) override {
+    memory(2 * nb(dinp) + nb(dout) + nb(argmax));  // zeroed, then scattered into
+  }
 
   // The Llama-family ops take no scratch on either backend.
-  void rmsnorm_forward(Tensor&, Tensor&, const Tensor&, const Tensor&, float) override {}
-  void rmsnorm_backward(Tensor&, Tensor*, const Tensor&, const Tensor&, const Tensor&,
-                        const Tensor&, bool) override {}
-  void rope_forward(Tensor&, int, int, const RopeConfig&) override {}
-  void rope_backward(Tensor&, int, int, const RopeConfig&) override {}
-  void swiglu_forward(Tensor&, const Tensor&, const Tensor&) override {}
-  void swiglu_backward(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
+  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                       float) override {
+    memory(nb(out) + nb(rstd) + nb(inp) + nb(weight));
+  }
+  void rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& rstd, bool) override {
+    memory(nb(dinp) + nb(dout) + nb(inp) + nb(weight) + nb(rstd) + 2 * opt_nb(dweight));
+  }
+  // RoPE rotates the q and k heads in place: NH + NKV of the NH + 2·NKV heads, read and written.
+  void rope_forward(Tensor& qkv, int n_head, int n_kv_head, const RopeConfig&) override {
+    memory(2 * nb(qkv) * (n_head + n_kv_head) / (n_head + 2.0 * n_kv_head));
+  }
+  void rope_backward(Tensor& dqkv, int n_head, int n_kv_head, const RopeConfig&) override {
+    memory(2 * nb(dqkv) * (n_head + n_kv_head) / (n_head + 2.0 * n_kv_head));
+  }
+  void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override {
+    memory(nb(out) + nb(gate) + nb(up));
+  }
+  void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                       const Tensor& up) override {
+    memory(nb(dgate) + nb(dup) + nb(dout) + nb(gate) + nb(up));
+  }
 
-  bool unscale_and_check(std::span<Tensor* const> grads, float) override {
+  // One multi-tensor launch over every grad: read, and written where it scales.
+  bool unscale_and_check(std::span<Tensor* const> grads, float inv_scale) override {
+    grads_read();
+    double bytes = 0;
+    for (Tensor* g : grads)
+      if (g) bytes += nb(*g) * (inv_scale != 1.0f ? 2 : 1);
+    memory(bytes);
     for (Tensor* g : grads)
       if (g && g->allocator()) lt_workspace(*g->allocator());
     return false;
   }
-  void optimizer_update(const OptimizerHyper&, Tensor&, const Tensor&, Tensor*, Tensor*) override {}
+  void optimizer_update(const OptimizerHyper&, Tensor& param, const Tensor& grad, Tensor* state0,
+                        Tensor* state1) override {
+    grads_read();
+    memory(update_bytes(param, grad, state0, state1));
+  }
+  // Multi-tensor apply (torch's fused/foreach optimizers): one pass over every slot.
+  void optimizer_update_many(const OptimizerHyper&, std::span<const OptimizerSlot> slots) override {
+    grads_read();
+    double bytes = 0;
+    for (const OptimizerSlot& s : slots)
+      bytes += update_bytes(*s.param, *s.grad, s.state0, s.state1);
+    if (!slots.empty()) memory(bytes);
+  }
 
  private:
   // The fp32 copy a 16-bit GEMM operand or output gets on the CPU (cpu_ops_impl.h: F32In /
@@ -188,7 +334,47 @@ class DryRunOps final : public Ops {
         DType::I32, Category::workspace);
   }
 
+  // ---- the time model's charges (no clock: nothing) ----
+  static double nb(const Tensor& t) { return static_cast<double>(t.nbytes()); }
+  static double opt_nb(const Tensor* t) { return t ? nb(*t) : 0.0; }
+  static double update_bytes(const Tensor& param, const Tensor& grad, const Tensor* s0,
+                             const Tensor* s1) {
+    return 2 * nb(param) + nb(grad) + 2 * (opt_nb(s0) + opt_nb(s1));
+  }
+  // A GEMM runs in one dtype (kernels/ops.h): both operands' 16-bit one, else the output's.
+  static DType gemm_dtype(const Tensor& a, const Tensor& b, const Tensor& out) {
+    return a.dtype() == b.dtype() && a.dtype() != DType::F32 ? a.dtype() : out.dtype();
+  }
+  // Causal attention's GEMMs, QKᵀ and PV, over the lower triangle: 2 · 2·T²·hd / 2 per head.
+  static double flash_flops(const Tensor& qkv, int n_head, int n_kv_head) {
+    const double t = static_cast<double>(qkv.dim(1));
+    return 2.0 * static_cast<double>(qkv.dim(0)) * n_head * t * t *
+           static_cast<double>(head_dim(qkv, n_head, n_kv_head));
+  }
+  void gemm(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
+            double bytes) {
+    if (!clock_) return;
+    if (host_)
+      clock_->host_op(bytes);
+    else
+      clock_->gemm(batch, m, n, k, dtype, tf32_, bytes);
+  }
+  // The optimizer reads reduced grads: the compute stream waits for the started reductions.
+  void grads_read() {
+    if (clock_ && !host_) clock_->wait_collectives();
+  }
+  void memory(double bytes) {
+    if (!clock_) return;
+    if (host_)
+      clock_->host_op(bytes);
+    else
+      clock_->memory_op(bytes);
+  }
+
   bool cuda_;
+  StepClock* clock_;
+  bool host_;
+  bool tf32_ = false;
   Tensor workspace_;
 
   struct Conv {
@@ -215,8 +401,8 @@ class DryRunOps final : public Ops {
 
 }  // namespace
 
-std::unique_ptr<Ops> make_dry_run_ops(Backend target) {
-  return std::make_unique<DryRunOps>(target);
+std::unique_ptr<Ops> make_dry_run_ops(Backend target, StepClock* clock, bool host) {
+  return std::make_unique<DryRunOps>(target, clock, host);
 }
 
 }  // namespace memtrade

@@ -20,6 +20,10 @@ namespace memtrade {
 // backend-neutral scratch (Category::temporaries, equal on both backends) plus the CUDA ops'
 // persistent cuBLASLt workspace instead of the CPU's workspace; CUDA's transient workspace
 // (cuDNN's, dtype casts, sort buffers) is not modelled.
-std::unique_ptr<Ops> make_dry_run_ops(Backend target);
+// With a `clock` (kernels/op_cost.h) every op also charges its cost to it: a device op to the
+// compute stream, or, with `host`, the host's ops of the offload modes to the host.
+class StepClock;
+std::unique_ptr<Ops> make_dry_run_ops(Backend target, StepClock* clock = nullptr,
+                                      bool host = false);
 
 }  // namespace memtrade

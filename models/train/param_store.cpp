@@ -246,8 +246,7 @@ void TrainerParamStore::gather_weight(int index) {
   ScopedRange range(dev_, "param_gather");
   Slot& s = slot(index);
   s.weight = dev_.empty(spec(index).shape, place_.compute, Category::params);
-  if (comm_.moves_data())
-    comm_.all_gather(s.shard, s.weight, even_parts(s.weight.numel(), layout_.ranks));
+  comm_.all_gather(s.shard, s.weight, even_parts(s.weight.numel(), layout_.ranks));
 }
 
 void TrainerParamStore::gather_root(bool for_backward) {
@@ -288,7 +287,7 @@ void TrainerParamStore::block_grads_done(int block) {
     // Buckets start as they become ready (the same order on every rank: backward's).
     for (std::size_t b = 0; b < bucket_plan_.size(); ++b)
       if (bucket_ready_block_[b] == block && !bucket_started_[b]) start_bucket(b);
-    if (comm_.moves_data()) comm_.progress();
+    comm_.progress();
     return;
   }
   if (place_.sharding != Sharding::zero2 && place_.sharding != Sharding::zero3) return;
@@ -307,7 +306,7 @@ void TrainerParamStore::start_bucket(std::size_t b) {
     dev_.copy(base + off, s.grad.data(), s.grad.nbytes(), CopyKind::device_to_device);
     off += s.grad.nbytes();
   }
-  if (comm_.moves_data()) comm_.start_all_reduce(bucket);
+  comm_.start_all_reduce(bucket);
   bucket_started_[b] = true;
 }
 
@@ -326,8 +325,7 @@ void TrainerParamStore::reduce_scatter_grad(int index, Ops& ops) {
   ScopedRange range(dev_, "grad_reduce_scatter");
   Slot& s = slot(index);
   Tensor part = dev_.empty({s.part}, place_.compute, Category::grads);
-  if (comm_.moves_data())
-    comm_.reduce_scatter(s.grad, part, even_parts(s.grad.numel(), layout_.ranks));
+  comm_.reduce_scatter(s.grad, part, even_parts(s.grad.numel(), layout_.ranks));
   s.grad.reset();  // the full grad is gone; the rank keeps its part
   if (s.grad_part.defined()) {
     ops.add_inplace(s.grad_part, part);  // zero_grad=zero: onto the zero-filled part
@@ -345,7 +343,7 @@ void TrainerParamStore::reduce_grads(Ops& ops) {
     // the blocks), and gives them back.
     for (std::size_t b = 0; b < bucket_plan_.size(); ++b)
       if (!bucket_started_[b]) start_bucket(b);
-    if (comm_.moves_data()) comm_.wait_started();
+    comm_.wait_started();
     for (std::size_t b = 0; b < bucket_plan_.size(); ++b) finish_bucket(b);
     return;
   }
@@ -353,7 +351,7 @@ void TrainerParamStore::reduce_grads(Ops& ops) {
     Slot& s = slot(i);
     if (!spec(i).trainable || !s.grad.defined()) continue;
     if (place_.sharding == Sharding::zero1) {
-      if (comm_.moves_data()) comm_.all_reduce(s.grad);
+      comm_.all_reduce(s.grad);
     } else {
       reduce_scatter_grad(i, ops);  // what no block's backward reduced (outside the blocks)
     }
@@ -458,10 +456,8 @@ void TrainerParamStore::publish(int index, Ops& device_ops, Ops* host_ops) {
   const int owner = owner_.at(static_cast<std::size_t>(index));
   if (owner == layout_.rank) publish_local(index, device_ops, host_ops);
   Slot& s = slot(index);
-  if (comm_.moves_data()) {
-    comm_.broadcast(s.weight, owner);
-    if (s.master.defined()) comm_.broadcast(s.master, owner);
-  }
+  comm_.broadcast(s.weight, owner);
+  if (s.master.defined()) comm_.broadcast(s.master, owner);
 }
 
 void TrainerParamStore::publish_local(int index, Ops& device_ops, Ops* host_ops) {
@@ -482,7 +478,7 @@ void TrainerParamStore::publish_local(int index, Ops& device_ops, Ops* host_ops)
         upload_from_host(*weight_part, s.master, *host_ops);  // ZeRO-Offload of the rank's part
       }
     }
-    if (place_.sharding != Sharding::zero3 && comm_.moves_data())
+    if (place_.sharding != Sharding::zero3)
       comm_.all_gather_in_place(s.weight, even_parts(s.weight.numel(), layout_.ranks));
     return;
   }

@@ -75,6 +75,10 @@ def test_trace_estimate_and_fit_validate(memtrade_bin, tmp_path):
                          "--capacity", "1MiB", "--json"))
     validate("estimate", est)
     assert est["points"][0]["fits"] is False and est["points"][0]["config"]["hyper"]["num_params"]
+    timed = json.loads(run(memtrade_bin, "estimate", "--model", "gpt-mini", "--precision", "bf16",
+                           "--gpu", "h100", "--json"))
+    validate("estimate", timed)
+    assert timed["gpu"] == "h100" and timed["points"][0]["time_model"]["step_s"] > 0
     fit = tmp_path / "fit.json"
     run(memtrade_bin, "fit", "--model", "mlp-tiny", "--capacity", "8MiB", "--json", str(fit))
     validate("fit", json.loads(fit.read_text()))
