@@ -313,8 +313,11 @@ int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank, const std::str
   return 0;
 }
 
-int cmd_fit(CLI::App& cmd, RunFlags& f, const FitOptions& defaults, const std::string& json_out) {
-  if (f.knobs.capacity.empty()) throw BadInput("fit: --capacity is required (e.g. 24GiB or a10g)");
+int cmd_fit(CLI::App& cmd, RunFlags& f, const FitOptions& defaults, const std::string& json_out,
+            const std::string& gpu_name) {
+  const GpuSpec* gpu = gpu_flag(gpu_name, f);
+  if (f.knobs.capacity.empty() && !gpu)
+    throw BadInput("fit: --capacity is required (e.g. 24GiB or a10g), or --gpu");
   std::string requested =
       f.knobs.backend == "auto" ? resolve_backend("auto", f.knobs.threads).first : f.knobs.backend;
   Grid g = grid_for(cmd, f, requested);
@@ -323,6 +326,8 @@ int cmd_fit(CLI::App& cmd, RunFlags& f, const FitOptions& defaults, const std::s
   o.backend = requested == "cuda" ? Backend::cuda : Backend::cpu;
   o.backend_name = requested;
   o.capacity = g.run.capacity;
+  if (gpu && cmd.count("--capacity") == 0) o.capacity = gpu_capacity(*gpu);
+  o.gpu = gpu;
   o.threads = f.knobs.threads;
   refuse_overwriting_inputs({{"--json", json_out}}, f.grid, g);
   check_output_file("--json", json_out);
@@ -332,6 +337,7 @@ int cmd_fit(CLI::App& cmd, RunFlags& f, const FitOptions& defaults, const std::s
     fmt::print("{:>9} {:>11} {:>9}  {}\n", r.max_batch,
                r.predicted_peak >= 0 ? format_bytes(r.predicted_peak) : "-",
                r.confirmed_at.empty() ? "-" : (r.confirmed_ok() ? "yes" : "NO"), r.id);
+    if (r.time) fmt::print("{:>9} {}\n", "", time_model_line(*r.time));
     rows.push_back(r.to_json(o.capacity));
   }
   if (!json_out.empty())
@@ -446,6 +452,7 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
   auto& ff = cmds.keep<RunFlags>();
   auto& fit_opts = cmds.keep<FitOptions>();
   auto& fit_json = cmds.keep<std::string>();
+  auto& fit_gpu = cmds.keep<std::string>();
   CLI::App* fit =
       app.add_subcommand("fit", "Largest batch size that fits a capacity, per knob setting");
   add_knob_flags(*fit, ff.knobs);
@@ -455,7 +462,12 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   fit->add_option("--json", fit_json, "Write the table as JSON to this file");
-  cmds.add(fit, [fit, &ff, &fit_opts, &fit_json] { return cmd_fit(*fit, ff, fit_opts, fit_json); });
+  fit->add_option("--gpu", fit_gpu,
+                  "Search this GPU's memory (memtrade devices --table) and time the largest "
+                  "batch on it; implies --backend cuda");
+  cmds.add(fit, [fit, &ff, &fit_opts, &fit_json, &fit_gpu] {
+    return cmd_fit(*fit, ff, fit_opts, fit_json, fit_gpu);
+  });
 
   auto& merge_in = cmds.keep<std::vector<std::string>>();
   auto& merge_out = cmds.keep<std::string>();

@@ -14,6 +14,7 @@ nlohmann::json FitRow::to_json(std::size_t capacity) const {
                         {"capacity", capacity},
                         {"confirmed", nullptr}};
   if (predicted_peak >= 0) row["predicted_peak"] = predicted_peak;
+  if (time) row["time_model"] = time_model_json(*time);
   if (!confirmed_at.empty()) {
     row["confirmed"] = {{"at", confirmed_at}, {"above", above}};
     row["confirmed_ok"] = confirmed_ok();
@@ -37,7 +38,9 @@ std::vector<FitRow> fit_points(const std::vector<GridPoint>& points, const FitOp
     if (row.max_batch > 0) {
       TrainConfig c = cfg;
       c.batch_size = row.max_batch;
-      row.predicted_peak = estimate_memory(c, o.backend, o.capacity).peak_allocated;
+      const MemoryEstimate e = estimate_memory(c, o.backend, o.capacity, 1, 0, o.gpu);
+      row.predicted_peak = e.peak_allocated;
+      row.time = e.time;
     }
     if (o.confirm && row.max_batch > 0) {
       PointJob job;

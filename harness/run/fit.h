@@ -4,13 +4,16 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "harness/run/grid.h"
+#include "harness/run/time_model.h"
 #include "kernels/device.h"
+#include "kernels/gpu_specs.h"
 
 namespace memtrade {
 
@@ -21,6 +24,7 @@ struct FitOptions {
   std::int64_t max_batch = 65536;
   bool confirm = false;
   int threads = 0;
+  const GpuSpec* gpu = nullptr;  // --gpu: also time the largest batch on it
 };
 
 struct FitRow {
@@ -29,6 +33,7 @@ struct FitRow {
   std::int64_t max_batch = 0;        // 0: not even batch 1 fits
   std::int64_t predicted_peak = -1;  // at max_batch, when it is > 0
   std::string confirmed_at, above;   // statuses of the confirming runs ("" when not run)
+  std::optional<TimeModel> time;     // --gpu: the time model at max_batch
   bool confirmed_ok() const { return confirmed_at == "ok" && (above == "oom" || above == "-"); }
   nlohmann::json to_json(std::size_t capacity) const;  // a row of schema memtrade.fit/1
 };

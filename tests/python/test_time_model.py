@@ -120,3 +120,21 @@ def test_devices_table_lists_every_gpu_with_a_source(memtrade_bin):
                  "b200"]:
         assert f"\n{name} " in "\n" + r.stdout
     assert r.stdout.count("source:") == 9 and "400 Gb/s InfiniBand" in r.stdout
+
+
+def test_fit_on_a_gpu_searches_its_memory_and_times_the_largest_batch(memtrade_bin, tmp_path):
+    out = tmp_path / "fit.json"
+    r = subprocess.run([memtrade_bin, "fit", "--gpu", "a100-40g", "--model", "gpt2-124m",
+                        "--precision", "bf16", "--attention", "flash", "--max-batch", "256",
+                        "--json", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["capacity"] == 40 << 30 and 0 < row["max_batch"] < 256
+    t = row["time_model"]
+    assert t["gpu"] == "a100-40g"
+    assert t["tokens_per_s_per_gpu"] == pytest.approx(row["max_batch"] * 1024 / t["step_s"])
+    assert "tok/s/GPU" in r.stdout
+    # The same point from estimate: one time model.
+    e = estimate(memtrade_bin, "--gpu", "a100-40g", "--model", "gpt2-124m", "--precision", "bf16",
+                 "--attention", "flash", "--batch-size", str(row["max_batch"]))
+    assert e["time_model"]["step_s"] == pytest.approx(t["step_s"], rel=1e-12)
