@@ -413,6 +413,9 @@ std::vector<Knob> make_table() {
           "2.x: adam, adamw, sgd and adagrad have one); use foreach or forloop");
     return std::nullopt;
   };
+  // advise keeps it: which torch.optim code the predicted PyTorch run uses. Turning it would
+  // always pick fused on memory, and memtrade's kernels (one fused update for all three) cannot
+  // price foreach's or the for-loop's time.
   impl.cost = CostDriver::params;
   t.push_back(std::move(impl));
   // Tensor (and sequence) parallelism (kernels/parallel_state.h, models/layers/tensor_parallel.h):
