@@ -158,6 +158,10 @@ def dump_config(cfg):
 SIZES = {"LlamaForCausalLM": ["hidden_size", "num_hidden_layers", "num_attention_heads",
                               "intermediate_size", "vocab_size"],
          "GPT2LMHeadModel": ["n_embd", "n_layer", "n_head", "vocab_size"]}
+# The architectures memtrade reads (models/config/hf_config.h); the Llama-like ones take Llama's
+# size keys, and so do the fixtures' other HF architectures (Gemma 2, Mixtral, Qwen2-MoE).
+READ = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+        "Phi3ForCausalLM", "GPT2LMHeadModel"]
 TINY = {"LlamaForCausalLM": dict(architectures=["LlamaForCausalLM"], hidden_size=32,
                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                  intermediate_size=64, vocab_size=128,
@@ -192,7 +196,7 @@ def config_case(draw):
         if op == "set":
             cfg[draw(st.sampled_from(sorted(cfg)))] = draw(weird)
         elif op == "size":
-            key = draw(st.sampled_from(SIZES[arch]))
+            key = draw(st.sampled_from(SIZES.get(arch, SIZES["LlamaForCausalLM"])))
             v = draw(weird)
             cfg[key] = v
         elif op == "delete" and len(cfg) > 1:
@@ -205,10 +209,10 @@ def config_case(draw):
                 [["Foo"], [], "LlamaForCausalLM", ["MistralForCausalLM"], ["GPT2LMHeadModel"],
                  ["LlamaForCausalLM", "GPT2LMHeadModel"], None]))
     arch_now = cfg.get("architectures")
-    if arch_now not in (["LlamaForCausalLM"], ["GPT2LMHeadModel"]):
+    if not (isinstance(arch_now, list) and len(arch_now) == 1 and arch_now[0] in READ):
         bad = True  # missing, unknown or ambiguous architecture
     else:
-        sizes = SIZES[arch_now[0]]
+        sizes = SIZES.get(arch_now[0], SIZES["LlamaForCausalLM"])
         if any(k in cfg and never_a_size(cfg[k]) for k in sizes):
             bad = True
     text = dump_config(cfg)

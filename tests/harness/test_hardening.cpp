@@ -117,6 +117,12 @@ TEST(Hardening, OverflowingIntegersAreRefusedNotWrapped) {
               {"max_position_embeddings", 32},
               {"head_dim", 1073741840}};
   write_file(dir.file("hd.json"), cfg.dump());
+  // Llama takes head_dim as it is, bounded; Qwen2 must split hidden_size, checked in 64 bits
+  // (× 4 heads wraps to 64 in an int).
+  expect_bad_input("estimate --model-config " + dir.file("hd.json"),
+                   "key 'head_dim' 1073741840 is above memtrade's bound of 1024 (head dim)");
+  cfg["architectures"] = {"Qwen2ForCausalLM"};
+  write_file(dir.file("hd.json"), cfg.dump());
   expect_bad_input("estimate --model-config " + dir.file("hd.json"),
                    "unsupported head_dim 1073741840");
 }
