@@ -70,6 +70,7 @@ Knob count_knob(std::string name, std::string flag, std::string prefix, std::str
 // The longest sequence of a point's model (0: it has none); unknown models have none.
 std::int64_t max_seq_len_of(TrainConfig c) {
   c.seq_len = 0;
+  c.tensor_parallel = 1;  // the model's own, whatever split its tp row asks (checked there)
   try {
     return make_model(c)->max_seq_len();
   } catch (const std::invalid_argument&) {

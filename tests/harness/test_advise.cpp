@@ -71,6 +71,7 @@ TEST(AdviseKnobs, EveryAdviseValueIsAcceptedAndCheckpointPlansAreDistinct) {
                                      // the GPU count is the user's; advise searches it with
                                      // --gpus (not yet: the GPU time model)
                                      name == "data_parallel" || name == "sharding" ||
+                                     name == "tensor_parallel" || name == "sequence_parallel" ||
                                      name == "model_config" ||
                                      // which torch.optim code the predicted run uses
                                      name == "optimizer_impl"

@@ -258,19 +258,28 @@ def test_a_failed_rank_writes_its_row(memtrade_bin, tmp_path):
 
 
 def test_tensor_parallel_points_run_as_ranks_and_each_rank_is_predicted(memtrade_bin, tmp_path):
-    """tp 2 (SP off and on) and tp 2 × dp 2 (DDP) through `memtrade run`: tp × dp ranks under
+    """tp 2 (SP off and on), tp 2 × dp 2 (DDP, zero2, zero3) through `memtrade run`: tp × dp ranks under
     mpirun, one row with every rank's memory, each rank's peak its prediction (the tp ranks hold
     slices of the weights; rank 0 the largest vocabulary part)."""
-    grid = tmp_path / "tp.toml"
-    grid.write_text('[run]\nwarmup = 1\nsteps = 1\n[axes]\nmodel = ["gpt-tiny", "llama-tiny"]\n'
-                    'batch_size = [2]\nseq_len = [16]\ntensor_parallel = [2]\n'
-                    'sequence_parallel = ["off", "on"]\ndata_parallel = [1, 2]\n')
-    out = tmp_path / "tp.json"
-    r = subprocess.run([memtrade_bin, "run", "--grid", str(grid), "--backend", "cpu", "--out",
-                        str(out), "--quiet"], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    points = json.loads(out.read_text())["points"]
-    assert len(points) == 8
+    grids = {
+        "tp": '[axes]\nmodel = ["gpt-tiny", "llama-tiny"]\ntensor_parallel = [2]\n'
+              'sequence_parallel = ["off", "on"]\ndata_parallel = [1, 2]\n',
+        # ZeRO inside each tp slice: the dp group shards the slices, SP's grads reduced after
+        "zero": '[axes]\nmodel = ["llama-tiny"]\ntensor_parallel = [2]\n'
+                'sequence_parallel = ["on"]\ndata_parallel = [2]\nsharding = ["zero2", "zero3"]\n'
+                'precision = ["bf16-o2"]\n',
+    }
+    points = []
+    for name, axes in grids.items():
+        grid = tmp_path / f"{name}.toml"
+        grid.write_text('[run]\nwarmup = 1\nsteps = 1\n' + axes +
+                        'batch_size = [2]\nseq_len = [16]\n')
+        out = tmp_path / f"{name}.json"
+        r = subprocess.run([memtrade_bin, "run", "--grid", str(grid), "--backend", "cpu", "--out",
+                            str(out), "--quiet"], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        points += json.loads(out.read_text())["points"]
+    assert len(points) == 10
     for p in points:
         assert p["status"] == "ok", p
         world = p["config"]["tensor_parallel"] * p["config"]["data_parallel"]
