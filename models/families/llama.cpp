@@ -83,9 +83,9 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
   // gate, up) in one weight, and Qwen3's per-head q/k norms are replicated weights whose
   // gradients differ per rank (each rank normalises its own heads): neither is modelled yet.
   if (tp.size > 1 && (cfg_.fused_qkv || cfg_.fused_gate_up || cfg_.qk_norm))
-    throw bad(fmt::format("tensor parallelism with {} is not modelled",
-                          cfg_.qk_norm ? "per-head q/k norms (Qwen3)"
-                                       : "fused qkv_proj / gate_up_proj (Phi-3)"));
+    throw bad(fmt::format(
+        "tensor parallelism with {} is not modelled",
+        cfg_.qk_norm ? "per-head q/k norms (Qwen3)" : "fused qkv_proj / gate_up_proj (Phi-3)"));
   set_split(cfg_.name, tp,
             {{"n_head", cfg_.n_head},
              {"n_kv_head", cfg_.n_kv_head},
