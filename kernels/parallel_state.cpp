@@ -22,7 +22,9 @@ ParallelState make_parallel_state(Device& device, int tp, int dp, bool sequence_
     p.dp_rank = rank / tp;
     p.world = make_meta_comm(rank, world);
     p.tp_group = make_meta_comm(p.tp_rank, tp);
-    p.dp_group = make_meta_comm(p.dp_rank, dp);
+    // The time model's clock (estimate --gpu) prices data parallelism's collectives over the dp
+    // ranks; the tp groups' all-reduces, gathers and reduce-scatters are not timed yet.
+    p.dp_group = make_meta_comm(p.dp_rank, dp, device.step_clock());
     return p;
   }
   p.world = make_comm(device, world);
