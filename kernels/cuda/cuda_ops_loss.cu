@@ -82,6 +82,17 @@ __global__ void dwte_kernel(AnyOut dwte, const TG* dout, const std::int32_t* key
   }
 }
 
+// A warp's pass over one row of v logits: its max and Σ exp(x − max), on every lane.
+template <typename TL>
+__device__ float2 row_max_sumexp(const TL* x, std::int64_t v, int lane) {
+  float mx = -INFINITY;
+  for (std::int64_t j = lane; j < v; j += 32) mx = fmaxf(mx, to_f(x[j]));
+  mx = warp_max(mx);
+  float sum = 0.0f;
+  for (std::int64_t j = lane; j < v; j += 32) sum += expf(to_f(x[j]) - mx);
+  return make_float2(mx, warp_sum(sum));
+}
+
 // One warp per row: loss = log Σ exp(x − max) + max − x[target].
 template <typename TL>
 __global__ void crossentropy_fwd_kernel(float* losses, const TL* logits,
@@ -96,13 +107,8 @@ __global__ void crossentropy_fwd_kernel(float* losses, const TL* logits,
       continue;
     }
     const TL* x = logits + r * v;
-    float mx = -INFINITY;
-    for (std::int64_t j = lane; j < v; j += 32) mx = fmaxf(mx, to_f(x[j]));
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (std::int64_t j = lane; j < v; j += 32) sum += expf(to_f(x[j]) - mx);
-    sum = warp_sum(sum);
-    if (lane == 0) losses[r] = tg < v ? logf(sum) + mx - to_f(x[tg]) : NAN;
+    const float2 ms = row_max_sumexp(x, v, lane);
+    if (lane == 0) losses[r] = tg < v ? logf(ms.y) + ms.x - to_f(x[tg]) : NAN;
   }
 }
 
@@ -119,12 +125,8 @@ __global__ void crossentropy_bwd_kernel(TD* dlogits, const TL* logits, const std
       for (std::int64_t j = lane; j < v; j += 32) y[j] = from_f<TD>(0.0f);
       continue;
     }
-    float mx = -INFINITY;
-    for (std::int64_t j = lane; j < v; j += 32) mx = fmaxf(mx, to_f(x[j]));
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (std::int64_t j = lane; j < v; j += 32) sum += expf(to_f(x[j]) - mx);
-    const float inv = tg < v ? 1.0f / warp_sum(sum) : NAN;
+    const float2 ms = row_max_sumexp(x, v, lane);
+    const float mx = ms.x, inv = tg < v ? 1.0f / ms.y : NAN;
     // Each element is read before it is written by the same thread: dlogits may alias logits.
     for (std::int64_t j = lane; j < v; j += 32) {
       const float onehot = j == tg ? 1.0f : 0.0f;
@@ -158,16 +160,11 @@ __global__ void vocab_ce_stats_kernel(float* stats, const TL* logits, const std:
       continue;
     }
     const TL* x = logits + r * v;
-    float mx = -INFINITY;
-    for (std::int64_t j = lane; j < v; j += 32) mx = fmaxf(mx, to_f(x[j]));
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (std::int64_t j = lane; j < v; j += 32) sum += expf(to_f(x[j]) - mx);
-    sum = warp_sum(sum);
+    const float2 ms = row_max_sumexp(x, v, lane);
     if (lane == 0) {
       const std::int64_t t = static_cast<std::int64_t>(tg) - offset;
-      stats[3 * r] = mx;
-      stats[3 * r + 1] = sum;
+      stats[3 * r] = ms.x;
+      stats[3 * r + 1] = ms.y;
       stats[3 * r + 2] = t >= 0 && t < v ? to_f(x[t]) : 0.0f;
     }
   }
