@@ -402,12 +402,12 @@ std::vector<Knob> make_table() {
       &TrainConfig::optimizer_impl, optimizer_impl_name, parse_optimizer_impl,
       optimizer_impl_names);
   impl.id_rule = IdRule::non_default;
-  impl.applies = [](const TrainConfig& c) {
+  static constexpr auto steps_on_device = [](const TrainConfig& c) {
     return c.mode == Mode::train && c.offload != Offload::optimizer;
   };
+  impl.applies = steps_on_device;
   impl.resolve = [](TrainConfig& c) -> std::optional<std::string> {
-    const bool applies = c.mode == Mode::train && c.offload != Offload::optimizer;
-    if (applies && c.optimizer_impl == OptimizerImpl::fused &&
+    if (steps_on_device(c) && c.optimizer_impl == OptimizerImpl::fused &&
         c.optimizer == OptimizerKind::rmsprop)
       return std::string(
           "fused with optimizer rmsprop: torch.optim.RMSprop has no fused implementation (torch "
