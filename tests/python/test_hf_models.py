@@ -235,10 +235,19 @@ def hf_autocast_step(out, meta, config):
 # (test_autocast_matches_pytorch_cpu_autocast, rule 1): the same gradient tensors hold bf16
 # values on both sides, the loss within eps/16 relatively, each gradient tensor within 4·eps
 # relative L2 (a bias: 4·eps times the condition of its sum over rows, see hf_autocast_step).
-# Open (issue 25's notes): with an o_proj bias (Llama's attention_bias, Qwen3's) layer 1's q/k
-# weight gradients are 8-16·eps from HF's; both sides are then far from fp64 (llama-biases,
+# Open (issue 25's notes): with q/k biases (Llama's attention_bias, Qwen3's) layer 1's q/k
+# weight and bias gradients are 7-16·eps from HF's; both sides are then far from fp64 (llama-biases,
 # q_proj.weight: memtrade 17.7·eps, HF 11.7·eps), an ill-conditioned point where the rule's
-# independent-flips premise fails. Strict: these fail loudly once they pass.
+# independent-flips premise fails: the k bias is common to every key, so any row sum of dS that
+# is not zero reaches dq multiplied by it. The cause of memtrade's larger distance, measured
+# (Xeon family 6 model 167, seeds 0-2): memtrade's softmax backward reads the probabilities rounded
+# to the 16-bit compute dtype (kernels/ops.h attention_backward: its CUDA softmax writes them so),
+# whose rows do not sum to 1, where HF's softmax(..., dtype=torch.float32) backward reads the fp32
+# ones. HF with that one substitution (a softmax whose backward reads its output rounded to bf16)
+# is as far from fp64 as memtrade: q_proj.weight 18.3 vs 17.7·eps (seed 0), k_proj.bias 14.3 vs
+# 14.6 (seed 1), 8.8 vs 10.9 (seed 2), against stock HF's 11.7, 6.9, 4.0. Fixing it means fp32
+# probabilities out of both backends' softmax (CUDA's kernel too). Strict: these fail loudly once
+# they pass.
 BF16_OPEN = {"llama-biases", "qwen3-bias-tied"}
 
 
