@@ -274,11 +274,12 @@ std::size_t gpu_capacity(const GpuSpec& gpu) {
 // The MoE line of a text estimate: the routing and what the MoE layers saved.
 std::string moe_line(const nlohmann::json& moe) {
   const nlohmann::json& b = moe.at("saved_bytes");
-  return fmt::format("moe: routing {}; saved by the MoE layers: router {}, dispatch {}, experts {}, "
-                     "shared expert {}",
-                     moe.at("routing").get<std::string>(), format_bytes(b.at("router")),
-                     format_bytes(b.at("dispatch")), format_bytes(b.at("experts")),
-                     format_bytes(b.at("shared_expert")));
+  return fmt::format(
+      "moe: routing {}; saved by the MoE layers: router {}, dispatch {}, experts {}, "
+      "shared expert {}",
+      moe.at("routing").get<std::string>(), format_bytes(b.at("router")),
+      format_bytes(b.at("dispatch")), format_bytes(b.at("experts")),
+      format_bytes(b.at("shared_expert")));
 }
 
 int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank, const std::string& gpu_name,

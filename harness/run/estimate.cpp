@@ -199,9 +199,10 @@ MoeRouting moe_routing_from(const std::string& spec, const std::string& point_id
     if (!found || p.id == point_id) found = &p.extra.at("moe_routing");
   }
   if (!found)
-    throw BadInput(fmt::format("--moe-routing {}: no point records moe_routing (a run of a "
-                               "mixture-of-experts model does)",
-                               spec));
+    throw BadInput(
+        fmt::format("--moe-routing {}: no point records moe_routing (a run of a "
+                    "mixture-of-experts model does)",
+                    spec));
   const nlohmann::json& tpe = found->value("tokens_per_expert", nlohmann::json());
   try {
     r.tokens_per_expert = tpe.get<decltype(r.tokens_per_expert)>();
@@ -216,8 +217,7 @@ MoeRouting moe_routing_from(const std::string& spec, const std::string& point_id
   for (const auto& mb : r.tokens_per_expert)
     for (const auto& layer : mb)
       for (std::int64_t v : layer)
-        if (v < 0)
-          throw BadInput(fmt::format("--moe-routing {}: a negative token count", spec));
+        if (v < 0) throw BadInput(fmt::format("--moe-routing {}: a negative token count", spec));
   r.kind = MoeRouting::Kind::measured;
   return r;
 }

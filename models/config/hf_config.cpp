@@ -249,8 +249,7 @@ LlamaConfig moe_from(const json& j, const ConfigFile& file, const std::string& a
     c.moe_prefix = "block_sparse_moe.";
     c.expert_names_w = true;
     // In training, jitter multiplies the router's input by uniform noise: not modelled.
-    k.require("router_jitter_noise", 0.0, k.number("router_jitter_noise", 0.0),
-              "no router jitter");
+    k.require("router_jitter_noise", 0.0, k.number("router_jitter_noise", 0.0), "no router jitter");
   } else {
     // Qwen2MoeConfig: num_experts 0 makes every layer Qwen2MoeMLP.
     if (k.has("num_experts") && as_int64(j.at("num_experts")) == 0)

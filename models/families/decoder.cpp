@@ -192,9 +192,9 @@ void DecoderModel<Norm, Mlp>::block_backward(LayerCtx& c, int block, Tensor& dre
   const Block& b = blocks_[block];
   // out = x1 + mlp(norm_2(x1)): dres = d out -> d x1.
   const Tensor& x1 = c.get("x1");
-  Tensor dh2 = c.grad_as(
-      b.moe.enabled() ? moe_backward(c, dres, b.moe, moe_) : mlp_backward(c, dres, b.mlp),
-      c.out_dtype(norm_op(b.norm_2), x1));
+  Tensor dh2 =
+      c.grad_as(b.moe.enabled() ? moe_backward(c, dres, b.moe, moe_) : mlp_backward(c, dres, b.mlp),
+                c.out_dtype(norm_op(b.norm_2), x1));
   norm_backward_add(c, dres, dh2, x1, b.norm_2);
   dh2.reset();
   // x1 = x + attn(norm_1(x)): dres = d x1 -> d x.

@@ -132,7 +132,7 @@ class DecoderModel : public BlockModel, public MoeRouted {
   Embedding embedding_;
   std::vector<Block> blocks_;
   Norm norm_f_;
-  Linear head_;  // lm_head, or the embedding's wte when tied
+  Linear head_;   // lm_head, or the embedding's wte when tied
   MoeState moe_;  // the MoE layers' routing (layers == 0: none)
 
  private:

@@ -90,9 +90,10 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
   // gate, up) in one weight, and Qwen3's per-head q/k norms are replicated weights whose
   // gradients differ per rank (each rank normalises its own heads): neither is modelled yet.
   if (tp.size > 1 && cfg_.num_experts > 0)
-    throw bad(fmt::format("tensor parallelism with mixture-of-experts (num_experts {}) is not "
-                          "modelled",
-                          cfg_.num_experts));
+    throw bad(
+        fmt::format("tensor parallelism with mixture-of-experts (num_experts {}) is not "
+                    "modelled",
+                    cfg_.num_experts));
   if (cfg_.num_experts > 0 && (cfg_.top_k < 1 || cfg_.top_k > cfg_.num_experts))
     throw bad(fmt::format("num_experts_per_tok {} must be in [1, num_experts {}]", cfg_.top_k,
                           cfg_.num_experts));
@@ -217,11 +218,13 @@ void LlamaModel::add_moe(Moe& m, const std::string& p, int block) {
   for (int e = 0; e < E; ++e) {
     LlamaMlp& x = m.experts[static_cast<std::size_t>(e)];
     x.key = fmt::format("moe.e{}.", e);
+    x.output_saved = true;  // times its routing weight: the product's backward reads it
     swiglu(x, fmt::format("{}experts.{}.", p, e), I);
   }
   if (cfg_.shared_expert_intermediate_size > 0) {
     m.shared.key = "moe.shared.";
     m.shared.input_key = "moe.inp";
+    m.shared.output_saved = true;
     swiglu(m.shared, p + "shared_expert.", cfg_.shared_expert_intermediate_size);
     m.shared_gate = {add_param(p + "shared_expert_gate.weight", {1, C}, kStd, block), -1};
   }

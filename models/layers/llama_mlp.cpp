@@ -49,7 +49,8 @@ Tensor unfused_forward(LayerCtx& c, const Tensor& inp, const LlamaMlp& m, bool k
   c.keep(key(m, "up"), std::move(up));
   h = c.cast_input(Op::linear, std::move(h));
   // (N, C): added into the residual (this rank's tokens under SP); down_proj is row-parallel
-  Tensor out = c.temp({N, C}, c.out_dtype(Op::linear, h));
+  Tensor out = c.dev.empty({N, C}, c.out_dtype(Op::linear, h),
+                           m.output_saved ? c.cat() : Category::temporaries);
   row_parallel_forward(c, out, h, m.down_proj);
   c.keep(key(m, "h"), std::move(h));
   return out;

@@ -33,6 +33,7 @@ struct LlamaMlp {
   // tensor of that key (mlp_forward_on), not saved again.
   std::string key = "mlp.";
   std::string input_key{};
+  bool output_saved = false;  // the caller keeps the output (an expert's): an activation
 };
 
 // inp (N, C), moved in (saved as gate_proj's and up_proj's input, cast to their input dtype

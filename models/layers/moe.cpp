@@ -27,8 +27,8 @@ std::string expert_key(int e, const char* what) {
 // HF's torch.topk(p, k) per row (values descending; of equal ones the lower expert first), then
 // the renormalisation. Tokens are listed per expert slot-major, as torch.where(expert_mask[e])
 // over (k, N) gives them.
-void route_from_probs(MoeState::Route& r, const std::vector<float>& p, std::int64_t N, int E,
-                      int k, bool renormalise) {
+void route_from_probs(MoeState::Route& r, const std::vector<float>& p, std::int64_t N, int E, int k,
+                      bool renormalise) {
   r.topk_e.assign(static_cast<std::size_t>(N * k), 0);
   r.topk_p.assign(r.topk_e.size(), 0.0f);
   r.weights.assign(r.topk_e.size(), 0.0f);
@@ -110,8 +110,8 @@ void upload_rows(LayerCtx& c, Tensor& idx, const std::vector<std::int32_t>& rows
 
 }  // namespace
 
-std::vector<std::int64_t> MoeRouting::plan(std::int64_t micro_batch, int layer,
-                                           std::int64_t tokens, int experts, int top_k) const {
+std::vector<std::int64_t> MoeRouting::plan(std::int64_t micro_batch, int layer, std::int64_t tokens,
+                                           int experts, int top_k) const {
   std::vector<std::int64_t> n(static_cast<std::size_t>(experts), 0);
   switch (kind) {
     case Kind::balanced: {
@@ -123,12 +123,13 @@ std::vector<std::int64_t> MoeRouting::plan(std::int64_t micro_batch, int layer,
       for (int e = 0; e < top_k; ++e) n[e] = tokens;
       break;
     case Kind::measured: {
-      const auto& step = tokens_per_expert.at(
-          static_cast<std::size_t>(micro_batch % static_cast<std::int64_t>(tokens_per_expert.size())));
+      const auto& step = tokens_per_expert.at(static_cast<std::size_t>(
+          micro_batch % static_cast<std::int64_t>(tokens_per_expert.size())));
       if (layer >= static_cast<int>(step.size()) ||
           static_cast<int>(step[static_cast<std::size_t>(layer)].size()) != experts)
-        throw std::invalid_argument(fmt::format(
-            "--moe-routing {}: no histogram of {} experts for MoE layer {}", source, experts, layer));
+        throw std::invalid_argument(
+            fmt::format("--moe-routing {}: no histogram of {} experts for MoE layer {}", source,
+                        experts, layer));
       n = step[static_cast<std::size_t>(layer)];
       std::int64_t sum = 0;
       for (std::int64_t v : n) sum += v;
@@ -195,7 +196,7 @@ Tensor moe_forward(LayerCtx& c, Tensor inp, const Moe& m, MoeState& s) {
   for (int e = 0; e < E; ++e) {
     const auto& rows = r.rows[static_cast<std::size_t>(e)];
     const auto n_e = static_cast<std::int64_t>(rows.size());
-    if (n_e == 0) continue;  // HF's expert runs on an empty batch: nothing
+    if (n_e == 0) continue;  // an idle expert saves nothing (its zero gradients: backward)
     Tensor idx = c.act_tensor({1, n_e}, DType::I32);
     upload_rows(c, idx, rows);
     Tensor x = c.act_tensor({1, n_e, C}, inp.dtype());  // hidden_states[top_x]
@@ -214,8 +215,9 @@ Tensor moe_forward(LayerCtx& c, Tensor inp, const Moe& m, MoeState& s) {
       std::vector<float> v = read_host(c, y);
       if (c.dev.holds_data())
         for (std::int64_t i = 0; i < n_e; ++i) {
-          const float w = round_as(hidden, r.weights[static_cast<std::size_t>(
-                                               rows[i] * k + r.slots[static_cast<std::size_t>(e)][i])]);
+          const float w =
+              round_as(hidden, r.weights[static_cast<std::size_t>(
+                                   rows[i] * k + r.slots[static_cast<std::size_t>(e)][i])]);
           for (std::int64_t j = 0; j < C; ++j) v[i * C + j] *= w;
         }
       write_host(c, scaled, v);
@@ -250,8 +252,7 @@ Tensor moe_forward(LayerCtx& c, Tensor inp, const Moe& m, MoeState& s) {
     }
     c.ops().add_inplace(out, prod);
     prod.reset();
-    if (c.save && !c.recompute)
-      s.saved.shared += expert_saved_bytes(c, m.shared) + nb(y) + nb(sig);
+    if (c.save && !c.recompute) s.saved.shared += expert_saved_bytes(c, m.shared) + nb(y) + nb(sig);
     c.keep("moe.shared.y", std::move(y));
     c.keep("moe.shared.sig", std::move(sig));
   }
@@ -275,7 +276,14 @@ Tensor moe_backward(LayerCtx& c, const Tensor& dout, const Moe& m, MoeState& s) 
   for (int e = 0; e < E; ++e) {
     const auto& rows = r.rows[static_cast<std::size_t>(e)];
     const auto n_e = static_cast<std::int64_t>(rows.size());
-    if (n_e == 0) continue;
+    if (n_e == 0) {
+      // HF runs an idle expert on its empty (0, C) batch all the same: its weights' gradients
+      // are zeros (an empty GEMM), which the optimizer then steps as any other.
+      const LlamaMlp& x = m.experts[static_cast<std::size_t>(e)];
+      for (ParamIndex w : {x.gate_proj.weight, x.up_proj.weight, x.down_proj.weight})
+        if (GradRef g = c.store.grad(w); !g.accumulate) c.ops().fill(g.t, 0.0f);
+      continue;
+    }
     const Tensor& idx = c.get(expert_key(e, "idx"));
     const Tensor& y = c.get(expert_key(e, "y"));
     // d scaled = dout[top_x] (index_add_'s backward); d y = d scaled · w in y's dtype, and

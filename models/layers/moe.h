@@ -44,10 +44,10 @@
 namespace memtrade {
 
 struct Moe {
-  Linear gate{};                  // router (E, C)
+  Linear gate{};                    // router (E, C)
   std::vector<LlamaMlp> experts{};  // E; empty: this layer is dense
-  LlamaMlp shared{};              // Qwen2-MoE's shared_expert; down_proj.weight -1: none
-  Linear shared_gate{};           // (1, C)
+  LlamaMlp shared{};                // Qwen2-MoE's shared_expert; down_proj.weight -1: none
+  Linear shared_gate{};             // (1, C)
   int top_k = 2;
   bool norm_topk_prob = true;
   int index = 0;  // among the model's MoE layers
@@ -73,7 +73,7 @@ struct MoeRouting {
 // model; forward fills it, backward reads it.
 class MoeState {
  public:
-  int layers = 0;         // MoE layers in the model
+  int layers = 0;  // MoE layers in the model
   int num_experts = 0;
   double aux_coef = 0.0;  // router_aux_loss_coef when output_router_logits, else 0
   MoeRouting routing{};   // used on devices that hold no data
