@@ -81,12 +81,13 @@ void route_from_plan(MoeState::Route& r, std::vector<std::int64_t> counts, std::
   r.counts = std::move(counts);
 }
 
-// What an expert's SwiGLU keeps besides its input (layers/llama_mlp.h: gate, up, h).
-std::int64_t expert_saved_bytes(LayerCtx& c, const LlamaMlp& m) {
-  std::int64_t b = 0;
-  for (const char* k : {"gate", "up", "h"})
-    if (c.has(m.key + k)) b += nb(c.get(m.key + k));
-  return b;
+// What an expert's SwiGLU keeps besides its input (layers/llama_mlp.h): gate and up (rows, I) in
+// linear's output dtype (its own output's, `y`) and h (rows, I) in linear's input dtype (`x`).
+// From the shapes: an offloaded saved tensor is not readable here.
+std::int64_t expert_saved_bytes(LayerCtx& c, const LlamaMlp& m, std::int64_t rows, DType x,
+                                DType y) {
+  const std::int64_t I = c.weight(m.gate_proj.weight).dim(0);
+  return rows * I * static_cast<std::int64_t>(2 * dtype_size(y) + dtype_size(x));
 }
 
 // The host round trips of the routing and the row products: on a device without data (the
@@ -206,7 +207,8 @@ Tensor moe_forward(LayerCtx& c, Tensor inp, const Moe& m, MoeState& s) {
     Tensor y = mlp_forward(c, std::move(x), m.experts[static_cast<std::size_t>(e)]);  // (n_e, C)
     if (c.save && !c.recompute) {
       s.saved.dispatch += nb(idx) + gathered + nb(y);
-      s.saved.experts += expert_saved_bytes(c, m.experts[static_cast<std::size_t>(e)]);
+      s.saved.experts += expert_saved_bytes(c, m.experts[static_cast<std::size_t>(e)], n_e,
+                                            inp.dtype(), y.dtype());
     }
     // expert(x) · routing_weights[top_x, idx, None]: the weights have hidden_states' dtype, the
     // product the promoted one (fp32 under autocast).
@@ -252,7 +254,9 @@ Tensor moe_forward(LayerCtx& c, Tensor inp, const Moe& m, MoeState& s) {
     }
     c.ops().add_inplace(out, prod);
     prod.reset();
-    if (c.save && !c.recompute) s.saved.shared += expert_saved_bytes(c, m.shared) + nb(y) + nb(sig);
+    if (c.save && !c.recompute)
+      s.saved.shared +=
+          expert_saved_bytes(c, m.shared, N, inp.dtype(), y.dtype()) + nb(y) + nb(sig);
     c.keep("moe.shared.y", std::move(y));
     c.keep("moe.shared.sig", std::move(sig));
   }

@@ -2,8 +2,9 @@
 // a tiny Mixtral and a tiny Qwen2-MoE run around every knob that changes what is saved or
 // recomputed, each point recording its expert histograms (results' moe_routing), and
 // `estimate --moe-routing <those results>` predicts each point's measured peak and breakdown
-// byte for byte. The histograms depend on the data, so the default (balanced) prediction and the
-// worst case are not the run's: worst is above every training point's measured peak.
+// byte for byte. The histograms depend on the data, so the default (balanced) prediction is not
+// always the run's. (The activations an MoE layer saves do not depend on the routing in total,
+// Σ n_e = N·k; the per-expert buffers and their allocator rounding do.)
 #include <gtest/gtest.h>
 
 #include <map>
@@ -84,12 +85,18 @@ precision = "fp32"
     EXPECT_EQ(e["peak_allocated"], p["memory"]["peak_allocated"]);
     EXPECT_EQ(e["breakdown_at_peak"], p["memory"]["breakdown_at_peak"]);
     const auto& saved = e["moe"]["saved_bytes"];
-    if (p["config"]["mode"] == "train") {
+    if (id.find("/train/") != std::string::npos && id.find("/ck0/") != std::string::npos) {
       EXPECT_GT(saved["router"].get<std::int64_t>(), 0);
       EXPECT_GT(saved["dispatch"].get<std::int64_t>(), 0);
-      EXPECT_GT(worst.at(id)["peak_allocated"].get<std::int64_t>(),
-                p["memory"]["peak_allocated"].get<std::int64_t>());
+      EXPECT_GT(saved["experts"].get<std::int64_t>(), 0);
     }
+    // worst: each micro-batch's N = 32 tokens all on experts 0 and 1 (top_k 2) of every layer.
+    for (const auto& mb : worst.at(id)["moe"]["tokens_per_expert"])
+      for (const auto& layer : mb) {
+        std::vector<std::int64_t> want(layer.size(), 0);
+        want[0] = want[1] = 32;
+        EXPECT_EQ(layer.get<std::vector<std::int64_t>>(), want);
+      }
     differs += balanced.at(id)["peak_allocated"] != p["memory"]["peak_allocated"];
   }
   EXPECT_GT(differs, 0) << "the routing never changed a peak: the comparison could not fail";
