@@ -72,10 +72,13 @@ Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
   Tensor gu = c.act_tensor({N, I2}, c.out_dtype(Op::linear, inp));  // (N, 2I)
   linear_forward(c, gu, inp, m.gate_up_proj);
   c.keep(key(m, "inp"), std::move(inp));
-  auto [gate, up] = split_gate_up(c, gu);
-  Tensor h = c.act_tensor({N, I2 / 2}, c.out_dtype(Op::swiglu, gate));  // down_proj's input
-  c.ops().swiglu_forward(h, gate, up);
-  c.keep(key(m, "gate_up"), std::move(gu));
+  Tensor h;  // (N, I): down_proj's input
+  {
+    auto [gate, up] = split_gate_up(c, gu);  // temporaries, freed before down_proj
+    h = c.act_tensor({N, I2 / 2}, c.out_dtype(Op::swiglu, gate));
+    c.ops().swiglu_forward(h, gate, up);
+    c.keep(key(m, "gate_up"), std::move(gu));
+  }
   h = c.cast_input(Op::linear, std::move(h));
   Tensor out = c.temp({N, C}, c.out_dtype(Op::linear, h));  // (N, C)
   row_parallel_forward(c, out, h, m.down_proj);

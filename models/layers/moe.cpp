@@ -197,7 +197,15 @@ Tensor moe_forward(LayerCtx& c, Tensor inp, const Moe& m, MoeState& s) {
   for (int e = 0; e < E; ++e) {
     const auto& rows = r.rows[static_cast<std::size_t>(e)];
     const auto n_e = static_cast<std::int64_t>(rows.size());
-    if (n_e == 0) continue;  // an idle expert saves nothing (its zero gradients: backward)
+    if (n_e == 0) {
+      // HF runs an idle expert on its empty (0, C) batch: nothing to save but, under autocast,
+      // its weights' 16-bit casts, which the empty GEMMs keep for backward as any other
+      // (its zero gradients: moe_backward).
+      const LlamaMlp& x = m.experts[static_cast<std::size_t>(e)];
+      for (ParamIndex w : {x.gate_proj.weight, x.up_proj.weight, x.down_proj.weight})
+        (void)c.op_weight(Op::linear, w);
+      continue;
+    }
     Tensor idx = c.act_tensor({1, n_e}, DType::I32);
     upload_rows(c, idx, rows);
     Tensor x = c.act_tensor({1, n_e, C}, inp.dtype());  // hidden_states[top_x]
