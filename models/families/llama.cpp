@@ -86,9 +86,8 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
     throw bad(e.what());
   }
 
-  // Phi-3's fused qkv_proj and gate_up_proj interleave what tensor parallelism splits (q, k, v;
-  // gate, up) in one weight, and Qwen3's per-head q/k norms are replicated weights whose
-  // gradients differ per rank (each rank normalises its own heads): neither is modelled yet.
+  // Mixture of experts (layers/moe.h): the experts are whole on every rank, and splitting them
+  // (expert or tensor parallelism) is not modelled yet.
   if (tp.size > 1 && cfg_.num_experts > 0)
     throw bad(
         fmt::format("tensor parallelism with mixture-of-experts (num_experts {}) is not "
@@ -99,6 +98,9 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
                           cfg_.num_experts));
   if (cfg_.decoder_sparse_step < 1)
     throw bad(fmt::format("decoder_sparse_step {} must be at least 1", cfg_.decoder_sparse_step));
+  // Phi-3's fused qkv_proj and gate_up_proj interleave what tensor parallelism splits (q, k, v;
+  // gate, up) in one weight, and Qwen3's per-head q/k norms are replicated weights whose
+  // gradients differ per rank (each rank normalises its own heads): neither is modelled yet.
   if (tp.size > 1 && (cfg_.fused_qkv || cfg_.fused_gate_up || cfg_.qk_norm))
     throw bad(fmt::format(
         "tensor parallelism with {} is not modelled",

@@ -548,17 +548,21 @@ def test_moe_bf16_autocast_against_hf(memtrade_bin, tmp_path, case):
     assert not bad, [(n, f"{a:.2f}·eps", f"HF {b:.2f}·eps") for a, b, _, n in bad]
 
 
-def test_moe_router_jitter_is_refused(memtrade_bin, tmp_path):
-    """router_jitter_noise > 0 changes training (uniform noise on the router's input) and is
-    not modelled: one line, exit 2, naming the key."""
+@pytest.mark.parametrize("change,flags,named", [
+    ({"router_jitter_noise": 0.01}, [], "router_jitter_noise"),
+    ({}, ["--tp", "2"], "tensor parallelism with mixture-of-experts (num_experts 4)")])
+def test_moe_what_is_not_modelled_is_refused(memtrade_bin, tmp_path, change, flags, named):
+    """router_jitter_noise > 0 changes training (uniform noise on the router's input), and
+    splitting the experts over tensor-parallel ranks is not modelled: one line, exit 2, naming
+    the key."""
     import subprocess
-    config = dict(MOE_CASES["mixtral"], router_jitter_noise=0.01)
+    config = dict(MOE_CASES["mixtral"], **change)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    run = subprocess.run([memtrade_bin, "step", "--backend", "cpu", "--model-config",
-                          str(tmp_path / "config.json"), "--seq-len", "16", "--batch-size", "1"],
-                         capture_output=True, text=True)
+    run = subprocess.run([memtrade_bin, "estimate", "--backend", "cpu", "--model-config",
+                          str(tmp_path / "config.json"), "--seq-len", "16", "--batch-size", "2",
+                          *flags], capture_output=True, text=True)
     assert run.returncode == 2, run
-    assert "router_jitter_noise" in run.stderr
+    assert named in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
 
 
