@@ -496,8 +496,8 @@ def test_moe_loss_and_every_gradient_against_hf(memtrade_bin, tmp_path, case):
     assert_step_fp32(out, meta, ref_loss, {n: torch.from_numpy(g) for n, g in ref_grads.items()})
     worst = max(float(np.abs(np.load(out / "grads" / f"{n}.npy") - ref_grads[n]).max() /
                       (float(np.abs(ref_grads[n]).max()) or 1.0)) for n in meta["params"])
-    idle = sum(1 for n in meta["params"] if ".experts." in n and n.endswith(("down_proj.weight", "w2.weight"))
-               and not ref_grads[n].any())
+    idle = sum(1 for n in meta["params"] if ".experts." in n
+               and n.endswith(("down_proj.weight", "w2.weight")) and not ref_grads[n].any())
     assert (idle > 0) == ("idle" in case), idle  # the idle case has idle experts (zero grads)
     print(f"{case}: loss {ref_loss:.6f}, worst gradient error {worst:.2e} of its tensor's largest "
           f"element, {len(meta['params'])} tensors, {idle} idle experts")
@@ -542,7 +542,8 @@ def test_moe_bf16_autocast_against_hf(memtrade_bin, tmp_path, case):
         rows.append((*fp64_twin_rule(got, hf, fp64, eps), g))
     bad = [r for r in rows if not r[2]]
     worst = max(rows, key=lambda r: r[0] - r[1])
-    print(f"{case}: {len(meta['params'])} tensors in {len(rows)} groups; largest excess over HF: {worst[3]} memtrade "
+    print(f"{case}: {len(meta['params'])} tensors in {len(rows)} groups; largest excess over HF: "
+          f"{worst[3]} memtrade "
           f"{worst[0]:.2f}·eps, HF {worst[1]:.2f}·eps from fp64; worst memtrade "
           f"{max(r[0] for r in rows):.2f}·eps")
     assert not bad, [(n, f"{a:.2f}·eps", f"HF {b:.2f}·eps") for a, b, _, n in bad]
@@ -611,7 +612,8 @@ def test_moe_saved_bytes_against_hf_eager(memtrade_bin, tmp_path, case):
     flags = ["--backend", "cpu", "--model-config", str(tmp_path / "config.json"), "--seq-len",
              "16", "--batch-size", "2", "--precision", "fp32", "--optimizer", "sgd"]
     out, meta = run_dump(memtrade_bin, tmp_path, *flags[2:])
-    trace = memtrade_side.read_trace(memtrade_side.make_trace(memtrade_bin, tmp_path / "run", flags))
+    trace = memtrade_side.read_trace(
+        memtrade_side.make_trace(memtrade_bin, tmp_path / "run", flags))
     ours = memtrade_side.live_at_end_of_forward(trace)["requested"]
     model = hf_model(config)
     model.load_state_dict(load_params(out, meta), strict=True)
