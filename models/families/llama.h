@@ -65,6 +65,19 @@ struct LlamaConfig {
   bool fused_qkv = false;  // Phi-3: one qkv_proj ((NH + 2·NKV)·hd, C), q rows, then k, then v
   bool fused_gate_up = false;  // Phi-3: one gate_up_proj (2I, C), gate rows first
   bool qk_norm = false;        // Qwen3: q_norm and k_norm, RMSNorms over head_dim before RoPE
+  // Mixture of experts (Mixtral, Qwen2-MoE; models/layers/moe.h). 0 experts: every layer dense.
+  int num_experts = 0;                      // num_local_experts (Mixtral), num_experts (Qwen2-MoE)
+  int top_k = 2;                            // num_experts_per_tok
+  int moe_intermediate_size = 0;            // each expert's I (Mixtral's: intermediate_size)
+  int shared_expert_intermediate_size = 0;  // Qwen2-MoE's shared expert; 0: none
+  bool norm_topk_prob = true;               // renormalise the top-k weights (Mixtral always)
+  int decoder_sparse_step = 1;              // layer i is MoE when (i + 1) % step == 0 ...
+  std::vector<int> mlp_only_layers{};       // ... and i is not listed here (Qwen2-MoE)
+  double router_aux_loss_coef = 0.0;  // the loss adds coef · aux (0: output_router_logits off)
+  std::string moe_prefix = "mlp.";    // Mixtral: "block_sparse_moe."
+  bool expert_names_w = false;        // Mixtral's experts: w1 (gate), w2 (down), w3 (up)
+
+  bool moe_layer(int i) const;
 
   int hd() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
 
@@ -87,7 +100,10 @@ class LlamaModel final : public DecoderModel<RmsNorm, LlamaMlp> {
   nlohmann::json hyper() const override;
 
  private:
+  void add_moe(Moe& m, const std::string& prefix, int block);
+
   LlamaConfig cfg_;
+  int moe_count_ = 0;
 };
 
 }  // namespace memtrade

@@ -17,6 +17,8 @@
 // HF's views do not make; what is saved is equal.
 #pragma once
 
+#include <string>
+
 #include "models/layers/linear.h"
 
 namespace memtrade {
@@ -26,11 +28,20 @@ struct LlamaMlp {
   Linear up_proj;
   Linear down_proj;
   Linear gate_up_proj;  // Phi-3: one (2I, C) weight; when set, gate_proj and up_proj are unused
+  // Saved-tensor keys: key + "inp", "gate", ... ("mlp." for a block's MLP; a mixture-of-experts
+  // layer's experts have their own, layers/moe.h). input_key: the input is the caller's saved
+  // tensor of that key (mlp_forward_on), not saved again.
+  std::string key = "mlp.";
+  std::string input_key{};
+  bool output_saved = false;  // the caller keeps the output (an expert's): an activation
 };
 
 // inp (N, C), moved in (saved as gate_proj's and up_proj's input, cast to their input dtype
 // first) -> returns (N, C), a temporary.
 Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m);
+// The same on an input the caller has cast to linear's dtype and keeps under m.input_key (a
+// shared expert reads the router's input); not for the fused gate_up_proj.
+Tensor mlp_forward_on(LayerCtx& c, const Tensor& inp, const LlamaMlp& m);
 // dout (N, C) -> returns dL/dinp (N, C), a temporary in gate_proj's input dtype.
 Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m);
 
