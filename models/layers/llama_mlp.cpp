@@ -21,6 +21,7 @@ std::pair<Tensor, Tensor> split_gate_up(LayerCtx& c, const Tensor& gu) {
 }  // namespace
 
 Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
+  ScopedRange scope(c.dev, "mlp");  // names the trace's allocations
   const std::int64_t C = inp.dim(1);
   inp = c.cast_input(Op::linear, std::move(inp));
   Tensor h;  // (N, I): down_proj's input
@@ -63,6 +64,7 @@ Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
 }
 
 Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m) {
+  ScopedRange scope(c.dev, "mlp");  // names the trace's allocations
   const Tensor& inp = c.get("mlp.inp");
   const Tensor& h = c.get("mlp.h");
   Tensor dh = c.temp_like(h);
