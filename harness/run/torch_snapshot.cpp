@@ -125,7 +125,9 @@ class Replay {
 
 std::uint64_t u64(const json& j, const char* key, const Replay& r, const std::string& where) {
   auto it = j.find(key);
-  if (it == j.end() || !it->is_number_unsigned())
+  // Parsed JSON holds non-negative integers as unsigned; one built in C++ may hold them signed.
+  if (it == j.end() || !it->is_number_integer() ||
+      (!it->is_number_unsigned() && it->get<std::int64_t>() < 0))
     r.fail(fmt::format("{}: `{}` missing or not a non-negative integer", where, key));
   return it->get<std::uint64_t>();
 }
