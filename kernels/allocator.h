@@ -175,7 +175,7 @@ class CachingAllocator {
   const std::string& phase() const { return phase_; }
   const std::vector<TraceEvent>& trace() const { return trace_; }
   void clear_trace() { trace_.clear(); }
-  // Scopes name where an allocation comes from (the layer and op: "block_3/attention/linear");
+  // Scopes name where an allocation comes from (phase, layer, op: "forward/block 3/attention");
   // ScopedRange (kernels/device.h) opens one. Kept as one joined string, so that pushing and
   // popping allocate nothing once its capacity has grown. pop_scope() without a scope: no-op.
   void push_scope(std::string_view name);
