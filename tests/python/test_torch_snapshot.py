@@ -83,9 +83,10 @@ def test_torch_1_13_stats_match_the_trace(traced):
     print(f"\n_memory_viz stats (end):\n{printed}trace: allocated {allocated:,}, "
           f"reserved {reserved:,}")
 
-    peak = torch_viz.stats(load(traced["snaps"]["torch-snapshot-1.13", "peak"]))
+    at_peak = traced["snaps"]["torch-snapshot-1.13", "peak"]
+    peak = torch_viz.stats(load(at_peak))
     assert peak["active_allocated"].value == point["memory"]["peak_allocated"]
-    print(f"_memory_viz stats (peak):\n{memviz_stats(traced['snaps']['torch-snapshot-1.13', 'peak'])}"
+    print(f"_memory_viz stats (peak):\n{memviz_stats(at_peak)}"
           f"results: peak_allocated {point['memory']['peak_allocated']:,}")
 
 
