@@ -171,10 +171,12 @@ struct CachingAllocator::Impl {
     live.insert(std::move(node));
   }
 
-  void trace(TraceEvent::Kind kind, std::size_t bytes, std::size_t requested, Category c) {
+  void trace(TraceEvent::Kind kind, std::size_t bytes, std::size_t requested, Category c,
+             std::uintptr_t addr) {
     if (!self.trace_on_) return;
     self.trace_.push_back(TraceEvent{kind, seq++, bytes, requested, c, self.phase_,
-                                     self.stats_.allocated.current, self.stats_.reserved.current});
+                                     self.stats_.allocated.current, self.stats_.reserved.current,
+                                     addr, self.scope_});
   }
 
   // A fresh segment holding one free block (not in any free set), or nullptr when the capacity
@@ -202,7 +204,7 @@ struct CachingAllocator::Impl {
     s.reserved.add(i64(seg_size));
     s.segments.add(1);
     ++s.num_segment_allocs;
-    trace(TraceEvent::Kind::segment_alloc, seg_size, requested, c);
+    trace(TraceEvent::Kind::segment_alloc, seg_size, requested, c, b->addr);
     return b;
   }
 
@@ -216,7 +218,7 @@ struct CachingAllocator::Impl {
     s.reserved.add(-i64(seg.size));
     s.segments.add(-1);
     ++s.num_segment_frees;
-    trace(TraceEvent::Kind::segment_free, seg.size, 0, seg.category);
+    trace(TraceEvent::Kind::segment_free, seg.size, 0, seg.category, head->addr);
   }
 
   void release_cached() {
@@ -241,7 +243,7 @@ struct CachingAllocator::Impl {
                                   Category c) {
     AllocatorStats& s = self.stats_;
     ++s.num_ooms;
-    trace(TraceEvent::Kind::oom, rounded, bytes, c);
+    trace(TraceEvent::Kind::oom, rounded, bytes, c, 0);
     const std::size_t cap = self.capacity_;
     std::string msg = fmt::format(
         "out of memory: tried to allocate {} (request {} B, {}); capacity {}, {} allocated, {} "
@@ -302,7 +304,7 @@ struct CachingAllocator::Impl {
     s.requested.add(i64(bytes));
     s.active.add(1);
     ++s.num_allocs;
-    trace(TraceEvent::Kind::alloc, b->size, bytes, c);
+    trace(TraceEvent::Kind::alloc, b->size, bytes, c, b->addr);
     return reinterpret_cast<void*>(b->addr);
   }
 
@@ -333,7 +335,7 @@ struct CachingAllocator::Impl {
     s.requested.add(-i64(b->requested));
     s.active.add(-1);
     ++s.num_frees;
-    trace(TraceEvent::Kind::free, b->size, b->requested, b->category);
+    trace(TraceEvent::Kind::free, b->size, b->requested, b->category, b->addr);
 
     b->allocated = false;
     if (b->next != nullptr && !b->next->allocated) absorb_next(b);
@@ -426,11 +428,27 @@ std::vector<CachingAllocator::SegmentInfo> CachingAllocator::segments() const {
   out.reserve(impl_->segments.size());
   for (const auto& [base, seg] : impl_->segments) {
     std::size_t allocated = 0;
-    for (const Block* b = seg.head; b != nullptr; b = b->next)
+    std::vector<BlockInfo> blocks;
+    for (const Block* b = seg.head; b != nullptr; b = b->next) {
       if (b->allocated) allocated += b->size;
-    out.push_back(SegmentInfo{base, seg.size, allocated, seg.small});
+      blocks.push_back(
+          BlockInfo{b->addr, b->size, b->allocated ? b->requested : 0, b->allocated, b->category});
+    }
+    out.push_back(SegmentInfo{base, seg.size, allocated, seg.small, std::move(blocks)});
   }
   return out;
+}
+
+void CachingAllocator::push_scope(std::string_view name) {
+  scope_marks_.push_back(scope_.size());
+  if (!scope_.empty()) scope_ += '/';
+  scope_ += name;
+}
+
+void CachingAllocator::pop_scope() {
+  if (scope_marks_.empty()) return;
+  scope_.resize(scope_marks_.back());
+  scope_marks_.pop_back();
 }
 
 std::string_view CachingAllocator::provider_name() const {

@@ -136,6 +136,8 @@ struct TraceEvent {
   std::string phase;  // as set by set_phase() at the time of the event
   std::int64_t allocated_after;
   std::int64_t reserved_after;
+  std::uintptr_t addr;  // the block (alloc/free), the segment's base (segment events), 0 (oom)
+  std::string scope;    // the scope stack at the event, outermost first, '/'-joined ("" = none)
 };
 
 class CachingAllocator {
@@ -173,6 +175,12 @@ class CachingAllocator {
   const std::string& phase() const { return phase_; }
   const std::vector<TraceEvent>& trace() const { return trace_; }
   void clear_trace() { trace_.clear(); }
+  // Scopes name where an allocation comes from (phase, layer, op: "forward/block 3/attention");
+  // ScopedRange (kernels/device.h) opens one. Kept as one joined string, so that pushing and
+  // popping allocate nothing once its capacity has grown. pop_scope() without a scope: no-op.
+  void push_scope(std::string_view name);
+  void pop_scope();
+  const std::string& scope() const { return scope_; }
 
   // The rounded size a request would get, and the segment size a fresh one would need.
   static std::size_t round_size(std::size_t bytes);
@@ -184,12 +192,22 @@ class CachingAllocator {
   Category category_of(void* ptr) const;
   bool owns(const void* ptr) const;  // a live block of this allocator?
 
-  // Snapshot of segments for tests and debugging: (segment base, size, allocated bytes).
+  // Snapshot of segments for tests, debugging and the trace's segments at a step's start:
+  // (segment base, size, allocated bytes, pool) and every block in address order (free
+  // neighbours are always coalesced, so free blocks lie between live ones).
+  struct BlockInfo {
+    std::uintptr_t addr;
+    std::size_t size;
+    std::size_t requested;  // 0 when free
+    bool allocated;
+    Category category;  // of the live block (meaningless when free)
+  };
   struct SegmentInfo {
     std::uintptr_t base;
     std::size_t size;
     std::size_t allocated;
     bool small_pool;
+    std::vector<BlockInfo> blocks;
   };
   std::vector<SegmentInfo> segments() const;
 
@@ -203,6 +221,8 @@ class CachingAllocator {
   bool trace_on_ = false;
   std::string phase_;
   std::vector<TraceEvent> trace_;
+  std::string scope_;                     // the open scopes, '/'-joined
+  std::vector<std::size_t> scope_marks_;  // scope_'s length before each open scope
 };
 
 // Parses "24GiB", "512MiB", "16GB", "1.5 GiB", "1048576" (bytes) or a card preset name

@@ -124,11 +124,18 @@ class Device {
   TransferStats transfers_;
 };
 
-// RAII profiler range: `ScopedRange r(dev, "forward");`
+// RAII profiler range: `ScopedRange r(dev, "forward");`. It is also a scope of the device
+// allocator, so the trace's events name the layer and op they come from.
 class ScopedRange {
  public:
-  ScopedRange(Device& d, const char* name) : d_(d) { d_.range_push(name); }
-  ~ScopedRange() { d_.range_pop(); }
+  ScopedRange(Device& d, const char* name) : d_(d) {
+    d_.range_push(name);
+    d_.memory().push_scope(name);
+  }
+  ~ScopedRange() {
+    d_.memory().pop_scope();
+    d_.range_pop();
+  }
   ScopedRange(const ScopedRange&) = delete;
   ScopedRange& operator=(const ScopedRange&) = delete;
 

@@ -199,6 +199,7 @@ int cli_main(int argc, char** argv) {
   register_report_commands(app, cmds);
   register_advise_commands(app, cmds);
   register_bisect_commands(app, cmds);
+  register_trace_command(app, cmds);
 
   try {
     app.parse(argc, argv);

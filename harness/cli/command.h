@@ -44,5 +44,6 @@ void register_bisect_commands(CLI::App& app, Commands& cmds);
 // `bisect --check`'s exit on bad input (flags included): git bisect run stops on 128 and up.
 inline constexpr int kBisectCheckBadInput = 128;               // bisect (harness/gate/bisect.h)
 void register_changes_command(CLI::App& app, Commands& cmds);  // history changes (after gate)
+void register_trace_command(CLI::App& app, Commands& cmds);    // trace (PyTorch snapshots)
 
 }  // namespace memtrade

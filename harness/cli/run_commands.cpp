@@ -34,7 +34,7 @@ namespace {
 
 struct RunFlags {
   KnobFlags knobs;
-  std::string grid, out, shard, select, timeout, trace, csv;
+  std::string grid, out, shard, select, timeout, trace, trace_snapshot, csv;
   bool resume = false, list = false, json = false, quiet = false;
   std::optional<int> warmup, steps;  // given: they override the grid's
 };
@@ -201,19 +201,26 @@ int cmd_run(CLI::App& cmd, RunFlags& f) {
   if (f.json) throw BadInput("--json goes with --list");
   if (!f.trace.empty() && g.points.size() != 1)
     throw BadInput("--trace records one point: use it with one point (--select ID)");
+  if (!f.trace_snapshot.empty() && g.points.size() != 1)
+    throw BadInput("--trace-snapshot records one point: use it with one point (--select ID)");
   GridRunOptions o;
   o.backend = backend;
   o.device_name = device_name;
   o.out = !f.out.empty() ? f.out : fmt::format("out/{}.json", g.name);
-  refuse_overwriting_inputs({{"--out", o.out.string()}, {"--csv", f.csv}, {"--trace", f.trace}},
+  refuse_overwriting_inputs({{"--out", o.out.string()},
+                             {"--csv", f.csv},
+                             {"--trace", f.trace},
+                             {"--trace-snapshot", f.trace_snapshot}},
                             f.grid, g);
   // Every output is checked before the first point: not after hours of measuring.
   check_output_file("--out", o.out);
   check_output_file("--csv", f.csv);
   check_output_file("--trace", f.trace);
+  check_output_file("--trace-snapshot", f.trace_snapshot);
   o.resume = f.resume;
   o.threads = f.knobs.threads;
   o.trace_path = f.trace;
+  o.trace_snapshot_path = f.trace_snapshot;
   o.quiet = f.quiet;
   o.shard = f.shard;
   int code = run_grid(g, o);
@@ -432,6 +439,8 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
   add_steps_flag(*run, "--steps", f.steps, 1, "Measured steps per point (overrides the grid)");
   run->add_option("--timeout", f.timeout, "Per-point timeout, e.g. 120s (overrides the grid)");
   run->add_option("--trace", f.trace, "Write the allocator trace of one point's last step");
+  run->add_option("--trace-snapshot", f.trace_snapshot,
+                  "Write that trace as a PyTorch memory snapshot (pickle; see `memtrade trace`)");
   run->add_option("--csv", f.csv, "Also write the results as CSV");
   run->add_flag("--quiet", f.quiet, "No progress and no table");
   cmds.add(run, [run, &f] { return cmd_run(*run, f); });

@@ -240,8 +240,8 @@ int run_grid(const Grid& grid, const GridRunOptions& o) {
       break;
     }
     progress.starting(finished, p->id);
-    PointJob job{*p,        o.backend,   grid.run.capacity, grid.run.warmup, grid.run.steps,
-                 o.threads, o.trace_path};
+    PointJob job{*p,        o.backend,    grid.run.capacity,    grid.run.warmup, grid.run.steps,
+                 o.threads, o.trace_path, o.trace_snapshot_path};
     auto job_file = work / "job.json";
     auto result_file = work / "result.json";
     std::filesystem::remove(result_file);

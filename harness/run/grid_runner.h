@@ -20,9 +20,10 @@ struct GridRunOptions {
   std::filesystem::path out;
   bool resume = false;
   int threads = 0;
-  std::string trace_path;  // one-point runs only
-  bool quiet = false;      // no progress, no table (tests)
-  std::string shard;       // "i/N" when this is one shard of the grid
+  std::string trace_path;           // one-point runs only
+  std::string trace_snapshot_path;  // one-point runs only: the trace as a PyTorch snapshot
+  bool quiet = false;               // no progress, no table (tests)
+  std::string shard;                // "i/N" when this is one shard of the grid
 };
 
 // Runs the points of `grid` (already sharded/selected) and returns the exit code: 0 when every

@@ -12,9 +12,12 @@
 #include <fmt/format.h>
 
 #include "harness/common/bad_input.h"
+#include "harness/common/output_file.h"
+#include "harness/common/pickle.h"
 #include "harness/run/estimate.h"
 #include "harness/run/point_runner.h"
 #include "harness/run/results.h"
+#include "harness/run/torch_snapshot.h"
 #include "kernels/device.h"
 #include "models/families/decoder.h"
 #include "models/model.h"
@@ -43,7 +46,8 @@ nlohmann::json job_json(const PointJob& job) {
           {"warmup", job.warmup},
           {"steps", job.steps},
           {"threads", job.threads},
-          {"trace", job.trace_path}};
+          {"trace", job.trace_path},
+          {"trace_snapshot", job.trace_snapshot_path}};
 }
 
 PointJob job_from_json(const nlohmann::json& j) {
@@ -57,6 +61,7 @@ PointJob job_from_json(const nlohmann::json& j) {
   job.steps = j.at("steps").get<int>();
   job.threads = j.at("threads").get<int>();
   job.trace_path = j.value("trace", "");
+  job.trace_snapshot_path = j.value("trace_snapshot", "");
   return job;
 }
 
@@ -76,7 +81,8 @@ bool fault_requested(const std::string& id, const std::string& want) {
   return spec.substr(0, colon) == want && id.find(match) != std::string::npos;
 }
 
-// The allocator trace of the last measured step (schema memtrade.trace/1).
+// The allocator trace of the last measured step (schema memtrade.trace/1), written as JSON
+// (--trace) and/or as a PyTorch memory snapshot (--trace-snapshot).
 void write_trace(const PointJob& job, const nlohmann::json& config, const PointMeasurement& m) {
   static const char* kinds[] = {"alloc", "free", "segment_alloc", "segment_free", "oom"};
   nlohmann::json events = nlohmann::json::array();
@@ -88,12 +94,34 @@ void write_trace(const PointJob& job, const nlohmann::json& config, const PointM
                       {"category", category_name(e.category)},
                       {"phase", e.phase},
                       {"allocated", e.allocated_after},
-                      {"reserved", e.reserved_after}});
-  write_json_atomic(job.trace_path, {{"schema", "memtrade.trace/1"},
-                                     {"point", job.point.id},
-                                     {"config", config},
-                                     {"live_at_start", breakdown_json(m.trace_live_at_start)},
-                                     {"events", events}});
+                      {"reserved", e.reserved_after},
+                      {"addr", e.addr},
+                      {"scope", e.scope}});
+  nlohmann::json segments = nlohmann::json::array();
+  for (const auto& s : m.trace_segments_at_start) {
+    nlohmann::json blocks = nlohmann::json::array();
+    for (const auto& b : s.blocks)
+      if (b.allocated)
+        blocks.push_back({{"addr", b.addr},
+                          {"size", b.size},
+                          {"requested", b.requested},
+                          {"category", category_name(b.category)}});
+    segments.push_back({{"address", s.base},
+                        {"size", s.size},
+                        {"pool", s.small_pool ? "small" : "large"},
+                        {"blocks", std::move(blocks)}});
+  }
+  const nlohmann::json trace = {{"schema", "memtrade.trace/1"},
+                                {"point", job.point.id},
+                                {"config", config},
+                                {"live_at_start", breakdown_json(m.trace_live_at_start)},
+                                {"segments_at_start", std::move(segments)},
+                                {"events", std::move(events)}};
+  if (!job.trace_path.empty()) write_json_atomic(job.trace_path, trace);
+  if (!job.trace_snapshot_path.empty())
+    write_file_atomic(job.trace_snapshot_path,
+                      to_pickle(torch_snapshot(trace, SnapshotFormat::current, SnapshotAt::end,
+                                               job.trace_snapshot_path)));
 }
 
 void maybe_inject_fault(const std::string& id) {
@@ -172,7 +200,7 @@ PointRow run_point_row(const PointJob& job) {
   PointRunOptions ro;
   ro.warmup = job.warmup;
   ro.steps = job.steps;
-  ro.trace_last_step = !job.trace_path.empty();
+  ro.trace_last_step = !job.trace_path.empty() || !job.trace_snapshot_path.empty();
   if (predicted) ro.predicted_peak = predicted->peak_allocated;
   // A rank that dies mid-run (a crashed node, the OOM killer): the last rank SIGKILLs itself
   // 0.3 s into the run, while the others wait for it in a collective.

@@ -20,7 +20,8 @@ struct PointJob {
   int warmup = 2;
   int steps = 8;
   int threads = 0;
-  std::string trace_path;  // optional allocator trace of the last measured step
+  std::string trace_path;           // optional allocator trace of the last measured step
+  std::string trace_snapshot_path;  // optional: that trace as a PyTorch memory snapshot
 };
 
 // Runs the job in this process and returns its row; never throws for OOM, bad configs or

@@ -56,6 +56,7 @@ PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
       dev.memory().clear_trace();
       dev.memory().enable_trace(true);
       m.trace_live_at_start = dev.memory().stats().by_category;
+      m.trace_segments_at_start = dev.memory().segments();
     }
     const double cpu0 = process_cpu_seconds();
     start->record(StreamKind::compute);

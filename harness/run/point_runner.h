@@ -41,7 +41,8 @@ struct PointMeasurement {
   // step times above are then the slowest rank's, step by step.
   int rank = 0;
   std::vector<RankMemory> per_rank;
-  std::array<std::int64_t, kNumCategories> trace_live_at_start{};  // bytes per category then
+  std::array<std::int64_t, kNumCategories> trace_live_at_start{};      // bytes per category then
+  std::vector<CachingAllocator::SegmentInfo> trace_segments_at_start;  // and its segments
 };
 
 PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,

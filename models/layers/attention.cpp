@@ -81,6 +81,7 @@ void qk_norm_backward(LayerCtx& c, Tensor& dqkv, const CausalSelfAttention& a) {
 
 Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T,
                          const CausalSelfAttention& a) {
+  ScopedRange scope(c.dev, "attention");  // names the trace's allocations
   const std::int64_t C = inp.dim(1);
   const bool split = !a.qkv_proj.parts.empty();
   const std::int64_t W =
@@ -136,7 +137,8 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
 }
 
 Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAttention& a) {
-  Tensor& qkv = c.get("attn.qkv");  // (B, T, (NH + 2·NKV)·hd)
+  ScopedRange scope(c.dev, "attention");  // names the trace's allocations
+  Tensor& qkv = c.get("attn.qkv");        // (B, T, (NH + 2·NKV)·hd)
   const std::int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2), Y = y_width(W, a);
   const std::int64_t NH = a.n_head;
   Tensor& y = c.get("attn.y");  // (B·T, NH·hd)

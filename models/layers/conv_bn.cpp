@@ -35,6 +35,7 @@ Tensor batchnorm(LayerCtx& c, const Tensor& conv, const ConvBn& l, Category out_
 }  // namespace
 
 Tensor conv_bn_forward(LayerCtx& c, const Tensor& inp, const ConvBn& l, Category out_category) {
+  ScopedRange scope(c.dev, "conv_bn");  // names the trace's allocations
   c.expect_input(Op::conv2d, inp);
   const Tensor& w = c.op_weight(Op::conv2d, l.conv);  // (Co, Ci, K, K)
   const int K = static_cast<int>(w.dim(2));
@@ -53,6 +54,7 @@ Tensor conv_bn_reapply(LayerCtx& c, const ConvBn& l, Category out_category) {
 
 void conv_bn_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout, const Tensor& inp,
                       const ConvBn& l) {
+  ScopedRange scope(c.dev, "conv_bn");  // names the trace's allocations
   const Tensor& conv = c.get(l.key + ".conv");
   Tensor dconv = c.temp_like(conv);
   GradRef gg = c.store.grad(l.bn_weight);

@@ -56,6 +56,7 @@ void vocab_parallel_backward(LayerCtx& c, Tensor& dout_mine, const Embedding& e)
 }  // namespace
 
 Tensor embedding_forward(LayerCtx& c, const Tensor& tokens, const Embedding& e) {
+  ScopedRange scope(c.dev, "embedding");  // names the trace's allocations
   if (e.vocab_parallel) return vocab_parallel_forward(c, tokens, e);
   const std::int64_t B = tokens.dim(0), T = tokens.dim(1);
   const Tensor& wte = c.weight(e.wte);
@@ -69,6 +70,7 @@ Tensor embedding_forward(LayerCtx& c, const Tensor& tokens, const Embedding& e) 
 }
 
 void embedding_backward(LayerCtx& c, Tensor& dout, const Embedding& e) {
+  ScopedRange scope(c.dev, "embedding");  // names the trace's allocations
   if (e.vocab_parallel) {
     vocab_parallel_backward(c, dout, e);
     return;

@@ -5,6 +5,7 @@
 namespace memtrade {
 
 Tensor mlp_forward(LayerCtx& c, Tensor inp, const GptMlp& m) {
+  ScopedRange scope(c.dev, "mlp");  // names the trace's allocations
   inp = c.cast_input(Op::linear, std::move(inp));
   Tensor h;  // (N, 4C/tp): this rank's columns of c_fc, for every token
   {
@@ -27,6 +28,7 @@ Tensor mlp_forward(LayerCtx& c, Tensor inp, const GptMlp& m) {
 }
 
 Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const GptMlp& m) {
+  ScopedRange scope(c.dev, "mlp");  // names the trace's allocations
   const Tensor& g = c.get("mlp.g");
   const Tensor& inp = c.get("mlp.inp");
   Tensor dg = c.temp_like(g);

@@ -3,6 +3,7 @@
 namespace memtrade {
 
 void norm_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const LayerNorm& ln) {
+  ScopedRange scope(c.dev, "layernorm");  // names the trace's allocations
   c.expect_input(Op::layernorm, inp);
   const std::int64_t N = inp.dim(0);
   Tensor mean = c.dev.empty({N}, DType::F32, c.cat());  // (N)
@@ -14,6 +15,7 @@ void norm_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const LayerNorm& 
 
 void norm_backward(LayerCtx& c, Tensor& dinp, const Tensor& dout, const Tensor& inp,
                    const LayerNorm& ln) {
+  ScopedRange scope(c.dev, "layernorm");  // names the trace's allocations
   GradRef gw = c.store.grad(ln.weight);
   GradRef gb = c.store.grad(ln.bias);
   const Tensor& mean = c.get(ln.key + ".mean");
@@ -30,7 +32,8 @@ void norm_backward(LayerCtx& c, Tensor& dinp, const Tensor& dout, const Tensor& 
 
 void norm_backward_add(LayerCtx& c, Tensor& dres, const Tensor& dout, const Tensor& inp,
                        const LayerNorm& ln) {
-  Tensor dinp = c.temp_like(inp);  // (N, C)
+  ScopedRange scope(c.dev, "layernorm");  // names the trace's allocations
+  Tensor dinp = c.temp_like(inp);         // (N, C)
   norm_backward(c, dinp, dout, inp, ln);
   c.ops().add_inplace(dres, dinp);
 }

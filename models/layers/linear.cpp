@@ -5,6 +5,7 @@
 namespace memtrade {
 
 void linear_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const Linear& l) {
+  ScopedRange scope(c.dev, "linear");  // names the trace's allocations
   c.expect_input(Op::linear, inp);
   const Tensor& w = c.op_weight(Op::linear, l.weight, l.input_grad);
   const Tensor* bias = l.bias >= 0 ? &c.op_weight(Op::linear, l.bias, false) : nullptr;
@@ -13,6 +14,7 @@ void linear_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const Linear& l
 
 void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Tensor& inp,
                      const Linear& l) {
+  ScopedRange scope(c.dev, "linear");  // names the trace's allocations
   Tensor dout_cast;
   const Tensor& dout = c.grad_as(dout_in, c.out_dtype(Op::linear, inp), dout_cast);
   // The weight only matters for dinp (without it, the op reads just its shape).
@@ -119,6 +121,7 @@ std::int64_t stacked_out_features(LayerCtx& c, const StackedLinear& l) {
 }
 
 void linear_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const StackedLinear& l) {
+  ScopedRange scope(c.dev, "linear");  // names the trace's allocations
   c.expect_input(Op::linear, inp);
   Tensor w = stacked_weight(c, l);
   Tensor b = l.biases.empty() ? Tensor() : stacked_bias(c, l);
@@ -127,6 +130,7 @@ void linear_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const StackedLi
 
 void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Tensor& inp,
                      const StackedLinear& l) {
+  ScopedRange scope(c.dev, "linear");  // names the trace's allocations
   Tensor dout_cast;
   const Tensor& dout = c.grad_as(dout_in, c.out_dtype(Op::linear, inp), dout_cast);
   if (dinp) {

@@ -59,11 +59,13 @@ Tensor unfused_forward(LayerCtx& c, const Tensor& inp, const LlamaMlp& m, bool k
 }  // namespace
 
 Tensor mlp_forward_on(LayerCtx& c, const Tensor& inp, const LlamaMlp& m) {
+  ScopedRange scope(c.dev, "mlp");  // names the trace's allocations
   c.expect_input(Op::linear, inp);
   return unfused_forward(c, inp, m, false, nullptr);
 }
 
 Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
+  ScopedRange scope(c.dev, "mlp");  // names the trace's allocations
   inp = c.cast_input(Op::linear, std::move(inp));
   if (!fused(m)) return unfused_forward(c, inp, m, true, &inp);
   // Phi-3's gate_up_proj, whole (tensor parallelism refuses it: llama.cpp)
@@ -87,6 +89,7 @@ Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
 }
 
 Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m) {
+  ScopedRange scope(c.dev, "mlp");  // names the trace's allocations
   const Tensor& inp = saved_input(c, m);
   const Tensor& h = c.get(key(m, "h"));
   Tensor dh = c.temp_like(h);

@@ -9,6 +9,7 @@ Tensor copy_for_backward(LayerCtx& c, const Tensor& t) {
 }
 
 Tensor crossentropy_loss_forward(LayerCtx& c, Tensor logits, const Tensor& targets) {
+  ScopedRange scope(c.dev, "cross_entropy");  // names the trace's allocations
   logits = c.cast_input(Op::crossentropy, std::move(logits));
   const std::int64_t N = logits.dim(0);
   Tensor losses = c.dev.empty({N}, DType::F32, Category::activations);  // (N)
@@ -19,6 +20,7 @@ Tensor crossentropy_loss_forward(LayerCtx& c, Tensor logits, const Tensor& targe
 }
 
 Tensor crossentropy_loss_backward(LayerCtx& c, float dloss, DType logits_dtype) {
+  ScopedRange scope(c.dev, "cross_entropy");          // names the trace's allocations
   Tensor logits = c.saved.take(c.segment, "logits");  // (N, V)
   Tensor dlogits = c.temp_like(logits);
   c.ops().crossentropy_backward(dlogits, logits, c.get("targets"), dloss);
@@ -28,6 +30,7 @@ Tensor crossentropy_loss_backward(LayerCtx& c, float dloss, DType logits_dtype) 
 
 Tensor vocab_parallel_loss_forward(LayerCtx& c, Tensor logits, const Tensor& targets,
                                    std::int64_t vocab_offset) {
+  ScopedRange scope(c.dev, "cross_entropy");  // names the trace's allocations
   logits = c.cast_input(Op::crossentropy, std::move(logits));
   const std::int64_t N = logits.dim(0);
   const int ranks = c.tp->size();
@@ -48,6 +51,7 @@ Tensor vocab_parallel_loss_forward(LayerCtx& c, Tensor logits, const Tensor& tar
 
 Tensor vocab_parallel_loss_backward(LayerCtx& c, float dloss, DType logits_dtype,
                                     std::int64_t vocab_offset) {
+  ScopedRange scope(c.dev, "cross_entropy");          // names the trace's allocations
   Tensor logits = c.saved.take(c.segment, "logits");  // (N, Vr)
   Tensor dlogits = c.temp_like(logits);
   c.ops().vocab_crossentropy_backward(dlogits, logits, c.get("targets"), c.get("lse"), vocab_offset,

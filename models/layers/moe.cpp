@@ -169,6 +169,7 @@ double MoeState::aux_loss() const {
 }
 
 Tensor moe_forward(LayerCtx& c, Tensor inp, const Moe& m, MoeState& s) {
+  ScopedRange scope(c.dev, "moe");  // names the trace's allocations
   const std::int64_t N = inp.dim(0), C = inp.dim(1);
   const int E = static_cast<int>(m.experts.size()), k = m.top_k;
   const DType hidden = inp.dtype();  // HF's final_hidden_states: zeros of hidden_states' dtype
@@ -275,6 +276,7 @@ Tensor moe_forward(LayerCtx& c, Tensor inp, const Moe& m, MoeState& s) {
 }
 
 Tensor moe_backward(LayerCtx& c, const Tensor& dout, const Moe& m, MoeState& s) {
+  ScopedRange scope(c.dev, "moe");  // names the trace's allocations
   const Tensor& inp = c.get("moe.inp");
   const Tensor& probs = c.get("moe.probs");
   const std::int64_t N = inp.dim(0), C = inp.dim(1);

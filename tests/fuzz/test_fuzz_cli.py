@@ -360,19 +360,21 @@ FLAG_VALUES = ["", "0", "1", "-1", "2", "8", "1.5", "nan", "inf", "-inf", "1e400
                "--", "--steps"]
 POINT_FLAGS = [k["flag"] for k in KNOBS if k["name"] != "model_config"] + [
     "--seed", "--lr", "--backend", "--capacity", "--threads"]
-RUN_FLAGS = POINT_FLAGS + ["--warmup", "--steps", "--timeout", "--select", "--shard"]
+RUN_FLAGS = POINT_FLAGS + ["--warmup", "--steps", "--timeout", "--select", "--shard",
+                          "--trace-snapshot"]
 
 
 @st.composite
 def flag_case(draw):
     command = draw(st.sampled_from(["run", "run", "step", "estimate", "fit", "advise", "export",
-                                    "compare", "merge", "history", "knobs", "devices", "bogus"]))
+                                    "compare", "merge", "trace", "history", "knobs", "devices",
+                                    "bogus"]))
     pool = {"run": RUN_FLAGS, "step": POINT_FLAGS, "estimate": POINT_FLAGS,
             "fit": POINT_FLAGS + ["--max-batch"], "advise": ["--capacity", "--model", "--budget",
                                                               "--gpu", "--batch-size", "--json"],
             "export": ["-o"], "compare": ["--thresholds", "--format", "--rename", "--allow-env-change",
                                     "--allow-unstable", "--max-extra-rounds"],
-            "merge": ["-o", "--grid"],
+            "merge": ["-o", "--grid"], "trace": ["--format", "-o", "--at"],
             "history": ["--db", "--metric", "--series", "--recent", "--max-p", "--min-effect",
                         "--min-runs", "--json"],
             "knobs": ["--json", "--markdown"], "devices": [], "bogus": ["--x"]}[command]
@@ -382,7 +384,7 @@ def flag_case(draw):
                                           "changes", "nope"])))
     for flag in draw(st.lists(st.sampled_from(pool or ["--help"]), max_size=4)):
         args += [flag, draw(st.one_of(st.sampled_from(FLAG_VALUES), st.text(max_size=12)))]
-    if command in ("export", "compare", "merge"):
+    if command in ("export", "compare", "merge", "trace"):
         args += draw(st.lists(st.sampled_from(["missing.json", "/", "/dev/null", "x.toml"]),
                               max_size=2))
     if command in ("run", "step", "estimate", "fit") and "--capacity" not in args:

@@ -267,6 +267,8 @@ TEST(Faults, OutputsThatCannotBeWrittenAreRefusedBeforeTheFirstPoint) {
             "cannot write there: " + dir.file("file") + " is a file"},
            {"--out " + dir.file("r.json") + " --csv " + dir.file("file/x.csv"), "--csv"},
            {"--out " + dir.file("r.json") + " --trace " + dir.file("file/t.json"), "--trace"},
+           {"--out " + dir.file("r.json") + " --trace-snapshot " + dir.file("file/t.pickle"),
+            "--trace-snapshot"},
            {"--out /proc/r.json", "--out /proc/r.json: cannot write there"}}) {
     SCOPED_TRACE(flags);
     const CliResult r = run_cli(point + flags);
@@ -281,6 +283,7 @@ TEST(Faults, OutputsThatCannotBeWrittenAreRefusedBeforeTheFirstPoint) {
   for (const std::string& cmd :
        {"export " + dir.file("r.json") + " -o " + dir.file("folder"),
         "merge " + dir.file("r.json") + " -o " + dir.file("file/m.json"),
+        "trace " + dir.file("r.json") + " --format torch-snapshot -o " + dir.file("folder"),
         "compare " + dir.file("r.json") + " " + dir.file("r.json") + " -o " + dir.file("folder"),
         "compare " + dir.file("r.json") + " " + dir.file("r.json") + " --write-junit " +
             dir.file("file/j.xml")}) {

@@ -374,6 +374,82 @@ TEST(Allocator, TraceRecordsEventsWithPhase) {
   EXPECT_TRUE(a->trace().empty());
 }
 
+// What a PyTorch memory snapshot is replayed from (harness/run/torch_snapshot.h): every event's
+// address (the block, the segment's base) and the scope stack it happened in.
+TEST(Allocator, TraceRecordsAddressesAndScopes) {
+  ProviderLog log;
+  auto a = make(log);
+  EXPECT_EQ(a->scope(), "");
+  a->pop_scope();  // nothing open: a no-op
+  a->enable_trace(true);
+  a->push_scope("block_0");
+  a->push_scope("attention");
+  void* p = a->allocate(1000, Category::activations);
+  a->pop_scope();
+  EXPECT_EQ(a->scope(), "block_0");
+  void* q = a->allocate(1, Category::temporaries);
+  a->pop_scope();
+  EXPECT_EQ(a->scope(), "");
+  a->free(p);
+  a->push_scope("optimizer_step");
+  a->free(q);
+  a->pop_scope();
+  a->empty_cache();
+  const auto& t = a->trace();
+  ASSERT_EQ(t.size(), 6u);
+  using K = TraceEvent::Kind;
+  const std::uintptr_t base = addr(p);  // the first block sits at its segment's base
+  EXPECT_EQ(t[0].kind, K::segment_alloc);
+  EXPECT_EQ(t[0].addr, base);
+  EXPECT_EQ(t[0].scope, "block_0/attention");
+  EXPECT_EQ(t[1].kind, K::alloc);
+  EXPECT_EQ(t[1].addr, base);
+  EXPECT_EQ(t[1].scope, "block_0/attention");
+  EXPECT_EQ(t[2].addr, base + 1024);  // after p's 1024-byte block
+  EXPECT_EQ(t[2].addr, addr(q));
+  EXPECT_EQ(t[2].scope, "block_0");
+  EXPECT_EQ(t[3].kind, K::free);
+  EXPECT_EQ(t[3].addr, base);
+  EXPECT_EQ(t[3].scope, "");
+  EXPECT_EQ(t[4].addr, addr(q));
+  EXPECT_EQ(t[4].scope, "optimizer_step");
+  EXPECT_EQ(t[5].kind, K::segment_free);
+  EXPECT_EQ(t[5].addr, base);
+}
+
+// segments() lists every block in address order, tiling its segment: live blocks with their
+// sizes, the free space between them as one (coalesced) free block each.
+TEST(Allocator, SegmentsListTheirBlocksInAddressOrder) {
+  ProviderLog log;
+  auto a = make(log);
+  void* p0 = a->allocate(512, Category::params);
+  void* p1 = a->allocate(600, Category::grads);
+  void* p2 = a->allocate(512, Category::optimizer);
+  a->free(p1);
+  const auto segs = a->segments();
+  ASSERT_EQ(segs.size(), 1u);
+  const auto& b = segs[0].blocks;
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(b[0].addr, addr(p0));
+  EXPECT_TRUE(b[0].allocated);
+  EXPECT_EQ(b[0].requested, 512u);
+  EXPECT_EQ(b[0].category, Category::params);
+  EXPECT_FALSE(b[1].allocated);  // p1's 1024 bytes
+  EXPECT_EQ(b[1].size, 1024u);
+  EXPECT_EQ(b[1].requested, 0u);
+  EXPECT_EQ(b[2].addr, addr(p2));
+  EXPECT_EQ(b[2].category, Category::optimizer);
+  EXPECT_FALSE(b[3].allocated);  // the rest of the 2 MiB segment
+  std::uintptr_t next = segs[0].base;
+  for (const auto& blk : b) {
+    EXPECT_EQ(blk.addr, next);
+    next += blk.size;
+  }
+  EXPECT_EQ(next, segs[0].base + 2 * MiB);
+  a->free(p0);
+  a->free(p2);
+}
+
 TEST(Allocator, DeviceAndPinnedAllocatorsKeepSeparateStats) {
   A device(std::make_unique<HostProvider>());
   A pinned(std::make_unique<HostProvider>());

@@ -157,8 +157,12 @@ class Model {
     std::vector<CachingAllocator::SegmentInfo> out;
     for (const auto& [base, seg] : segs_) {
       std::size_t a = 0;
-      for (const Blk& b : seg.blocks) a += b.alloc ? b.size : 0;
-      out.push_back({base, seg.size, a, seg.small});
+      std::vector<CachingAllocator::BlockInfo> blocks;
+      for (const Blk& b : seg.blocks) {
+        a += b.alloc ? b.size : 0;
+        blocks.push_back({b.addr, b.size, b.alloc ? b.req : 0, b.alloc, b.cat});
+      }
+      out.push_back({base, seg.size, a, seg.small, std::move(blocks)});
     }
     return out;
   }
@@ -182,8 +186,13 @@ std::string text(const AllocatorStats& s) {
 
 std::string text(const std::vector<CachingAllocator::SegmentInfo>& segs) {
   std::string out;
-  for (const auto& g : segs)
-    out += fmt::format("{:#x}:{}:{}:{} ", g.base, g.size, g.allocated, g.small_pool);
+  for (const auto& g : segs) {
+    out += fmt::format("{:#x}:{}:{}:{} [", g.base, g.size, g.allocated, g.small_pool);
+    for (const auto& b : g.blocks)  // a free block's category is whatever it last held
+      out += fmt::format("{:#x}:{}:{}:{}:{} ", b.addr, b.size, b.requested, b.allocated,
+                         b.allocated ? category_name(b.category) : "-");
+    out += "] ";
+  }
   return out;
 }
 
