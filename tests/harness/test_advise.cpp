@@ -553,9 +553,8 @@ TEST(AdviseGpu, TensorParallelCollectivesArePricedPerGpu) {
               static_cast<double>(t2.samples_per_step) * t2.model_flops_per_sample /
                   (t2.step_s * 2 * t2.peak_flops),
               1e-12);
-  // Sequence parallelism trades each all-reduce for a reduce-scatter and an all-gather of the
-  // same bytes: a ring moves the same volume (Korthikanti et al. 2022, Sec. 4.2.2), so the comm
-  // time stays within the hops' latencies of tp 2 without it.
+  // Sequence parallelism's all-gathers and reduce-scatters are priced too (in line: a started
+  // collective of a tp group would be waited for by nothing and cost no step time).
   TrainConfig sp = two;
   sp.sequence_parallel = SequenceParallel::on;
   resolve_config(sp);
