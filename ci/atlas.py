@@ -37,7 +37,8 @@ BREAKDOWN_SETTING = {"checkpoint": "0", "attention": "flash"}
 # The per-layer comparison: Korthikanti et al.'s setting (math attention, nothing recomputed);
 # the gradients stay allocated (zero_grad = zero) so that every layer's activations are live at
 # the peak. The second precision keeps activations 16-bit throughout, as the formula assumes.
-LAYER_FIXED = {"checkpoint": "0", "zero_grad": "zero", "optimizer": "adamw", "batch_size": 1}
+LAYER_FIXED = {"checkpoint": "0", "zero_grad": "zero", "optimizer": "adamw", "optimizer_impl": "fused",
+               "batch_size": 1}
 LAYER_PRECISIONS = ["bf16", "bf16-o2"]
 LAYER_ATTENTIONS = ["math", "flash"]
 HELP_AXES = ["precision", "checkpoint", "attention"]
