@@ -37,7 +37,7 @@ namespace {
 class LocalComm final : public Comm {
  public:
   LocalComm(int rank, int size, bool meta, TimedGroup timed = {})
-      : rank_(rank), size_(size), meta_(meta), timed_(timed), clock_(timed.clock) {}
+      : rank_(rank), size_(size), meta_(meta), timed_(timed) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   CommBackend backend() const override { return meta_ ? CommBackend::meta : CommBackend::self; }
@@ -49,7 +49,7 @@ class LocalComm final : public Comm {
   void all_reduce(Tensor& t) override { charge(CollectiveKind::all_reduce, t); }
   void start_all_reduce(Tensor& t) override { started(CollectiveKind::all_reduce, t); }
   void wait_started() override {
-    if (clock_) clock_->wait_collectives();
+    if (timed_.clock) timed_.clock->wait_collectives();
   }
   void reduce_scatter(const Tensor& full, Tensor& part,
                       std::span<const std::int64_t> counts) override {
@@ -104,21 +104,20 @@ class LocalComm final : public Comm {
   }
   static double bytes(const Tensor& t) { return static_cast<double>(t.nbytes()); }
   void charge(CollectiveKind kind, const Tensor& t) {
-    if (clock_) clock_->collective(kind, bytes(t), size_, timed_.span);
+    if (timed_.clock) timed_.clock->collective(kind, bytes(t), size_, timed_.span);
   }
   // Data parallelism's started and prefetched collectives; a tensor-parallel group's are in line.
   void started(CollectiveKind kind, const Tensor& full) {
     if (timed_.in_line) return charge(kind, full);
-    if (clock_) clock_->start_collective(kind, bytes(full), size_, timed_.span);
+    if (timed_.clock) timed_.clock->start_collective(kind, bytes(full), size_, timed_.span);
   }
   void prefetched(CollectiveKind kind, const Tensor& full) {
     if (timed_.in_line) return charge(kind, full);
-    if (clock_) clock_->prefetched_collective(kind, bytes(full), size_, timed_.span);
+    if (timed_.clock) timed_.clock->prefetched_collective(kind, bytes(full), size_, timed_.span);
   }
   int rank_, size_;
   bool meta_;
-  TimedGroup timed_;
-  StepClock* clock_;  // the meta device's time model, where it keeps one
+  TimedGroup timed_;  // the meta device's time model, where it keeps one (timed_.clock)
 };
 
 }  // namespace

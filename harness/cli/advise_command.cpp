@@ -247,6 +247,8 @@ int cmd_advise(CLI::App& cmd, AdviseFlags& f) {
   if (f.confirm > 0 && !runs_here)
     throw BadInput(fmt::format("--confirm needs the cuda backend usable here ({})", cuda.detail));
   if (f.confirm < 0) throw BadInput("--confirm: must be >= 0");
+  if (f.confirm > 0 && o.gpus > 1)
+    throw BadInput("--confirm runs each candidate as one process: not with --gpus (tp × dp ranks)");
   if (f.steps < 1) throw BadInput("--steps: must be >= 1");
   o.margin = margin_bytes(f.margin, o.capacity, o.backend);
   o.allow = split_list(f.allow);

@@ -194,9 +194,7 @@ std::array<double, kNumTimeShares> share_seconds(const AdvisePoint& p) {
 }
 
 std::string signed_seconds(double s) {
-  const double a = std::abs(s);
-  return fmt::format("{}{}", s >= 0 ? "+" : "-",
-                     a >= 1 ? fmt::format("{:.3g} s", a) : fmt::format("{:.3g} ms", a * 1e3));
+  return fmt::format("{}{}", s >= 0 ? "+" : "-", seconds_text(std::abs(s)));
 }
 
 // Why a group of axes costs (or saves) time on the GPU: what the time model's step does more

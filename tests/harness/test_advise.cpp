@@ -523,6 +523,7 @@ TEST(AdviseGpu, BadInputIsOneLineAndExit2) {
            "--model llama-tiny --gpu h100 --gpus 8 --tp 8",            // the KV heads cannot split
            "--model llama-tiny --gpu h100 --gpus 8 --global-batch 4",  // not a sample per rank
            "--model gpt-tiny --gpu h100 --hold data_parallel",         // kept on one GPU
+           "--model gpt-tiny --gpu h100 --gpus 2 --confirm 1",         // one process per run
        }) {
     CliResult r = run_cli(std::string("advise ") + args);
     EXPECT_EQ(r.rc, 2) << args << ": " << r.err;
