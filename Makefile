@@ -63,7 +63,7 @@ PYTORCH_POINTS := $(shell for m in gpt-mini:8 gpt-small:8 mlp-small:8 cnn-small:
 docs: build
 	@$(PYTHON) ci/knob_table_doc.py $(BUILD)/memtrade docs/design.md
 	@$(PYTHON) ci/advise_doc.py $(BUILD)/memtrade docs
-	@$(PYTHON) ci/atlas.py $(BUILD)/memtrade docs
+	@$(PYTHON) ci/atlas.py $(BUILD)/memtrade docs --gpu h100
 	@./$(BUILD)/memtrade run --grid ci/grids/docs.toml --backend cpu --out docs/results-cpu.json
 	@first=$$(./$(BUILD)/memtrade run --grid ci/grids/docs.toml --list | head -n 1); \
 	  ./$(BUILD)/memtrade run --grid ci/grids/docs.toml --select "$$first" --quiet \

@@ -2,7 +2,8 @@
 """Writes docs/advise.md, "What to turn when you run out of memory": the playbook for CUDA out of
 memory (smaller micro-batch with accumulation, checkpointing, offload, flash attention, ...)
 quantified by `memtrade advise` for the atlas models on 24, 40 and 80 GiB cards, with one chart
-per model (the frontier on the smallest card, the capacity line and the chosen point).
+per model (the frontier on the smallest card, the capacity line and the chosen point), and the
+same workloads on one H100 priced by its time model (`advise --gpu h100`).
 
     ci/advise_doc.py BUILD/memtrade docs/          (make docs runs it)
 
@@ -30,6 +31,8 @@ LLAMA_SEQ = 4096
 # The CPU calibration: one thread, CPU time per step, which the other jobs of a shared build
 # machine do not inflate.
 CALIBRATION = ["--threads", "1", "--clock", "cpu"]
+# The same workloads on one card of the GPU table, priced by its time model (no calibration).
+GPU = "h100"
 
 
 def run(binary: str, *args: str) -> tuple[int, str]:
@@ -71,6 +74,11 @@ def main(argv: list[str]) -> int:
             _, text = run(binary, "advise", "--backend", "cuda", "--model", m, *seq_args(m), *START,
                           "--capacity", f"{card}GiB", *CALIBRATION, "--json", "--quiet")
             docs[(m, card)] = json.loads(text)
+    on_gpu = {}
+    for m in names:
+        _, text = run(binary, "advise", "--model", m, *seq_args(m), *START, "--gpu", GPU, "--json",
+                      "--quiet")
+        on_gpu[m] = json.loads(text)
     any_doc = next(iter(docs.values()))
     label = ADV.throughput_label(any_doc)
     lines = ["# What to turn when you run out of memory", "",
@@ -110,6 +118,29 @@ def main(argv: list[str]) -> int:
             lines.append(f"| {m} | {given} | `{A.turned_label(rec['config'], start['config'])}` | "
                          f"{gib(rec['predicted_peak'])} | {100 * change:+.1f}% | {why} |")
         lines.append("")
+    cap = gib(on_gpu[names[0]]["capacity"]) if names else ""
+    lines += [f"## On one {GPU.upper()}, priced by its time model", "",
+              f"The same workloads with `--gpu {GPU}`: the card's {cap} (less the margin), and every "
+              "configuration priced by the time model of docs/time-model.md instead of the CPU "
+              "calibration: each op of the dry run at the card's rates, offload copies at its PCIe "
+              "bandwidth. Language models' throughput in tokens per second per GPU with the MFU "
+              "(PaLM's convention).", "",
+              "| model | as given | advise turns | peak | tok/s/GPU | MFU | step | why |",
+              "|---|---|---|---|---|---|---|---|"]
+    for m in names:
+        d = on_gpu[m]
+        start, rec = d["start"], d["recommended"]
+        given = f"{gib(start['predicted_peak'])}" + ("" if start["fits"] else " (does not fit)")
+        if rec is None:
+            lines.append(f"| {m} | {given} | nothing fits | – | – | – | – | "
+                         f"{'; '.join(d['nothing_fits']['changes'])} |")
+            continue
+        t = rec["time_model"]
+        why = "; ".join(e["text"] for e in rec["explanation"]) or "–"
+        lines.append(f"| {m} | {given} | `{A.turned_label(rec['config'], start['config'])}` | "
+                     f"{gib(rec['predicted_peak'])} | {t.get('tokens_per_s_per_gpu', 0):,.0f} | "
+                     f"{100 * t['mfu']:.1f}% | {t['step_s']:.3g} s | {why} |")
+    lines.append("")
     lines += ["## The frontiers on 24 GiB", "",
               "Every configuration advise searched, reduced to its memory/throughput Pareto frontier "
               "(predicted), with the card's capacity, the start as given and the recommended point.", ""]

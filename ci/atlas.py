@@ -2,12 +2,14 @@
 """The memory atlas: DIR/atlas.md and its charts, from memtrade's CUDA memory model only.
 
     ci/atlas.py BUILD/memtrade DIR [--models M,M] [--seq-lens 1024,2048] [--cards 24GiB,80GiB]
-                [--work DIR]
+                [--gpu NAME] [--work DIR]
 
 Writes grid files and runs `memtrade estimate --backend cuda --json` (one process per grid) and
 `memtrade fit --backend cuda` (one per card), then reports/atlas.py turns the documents into the
 page. --models, --seq-lens and --cards narrow the plan (the test runs one model at one length);
---work keeps the grids and JSON documents there instead of in a temporary directory.
+--gpu NAME (a row of `memtrade devices --table`) adds that card's time model to the tensor
+parallelism table (tokens/s per GPU and MFU where a configuration fits it); --work keeps the
+grids and JSON documents there instead of in a temporary directory.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ BREAKDOWN_SETTING = {"checkpoint": "0", "attention": "flash"}
 # The per-layer comparison: Korthikanti et al.'s setting (math attention, nothing recomputed);
 # the gradients stay allocated (zero_grad = zero) so that every layer's activations are live at
 # the peak. The second precision keeps activations 16-bit throughout, as the formula assumes.
-LAYER_FIXED = {"checkpoint": "0", "zero_grad": "zero", "optimizer": "adamw", "batch_size": 1}
+LAYER_FIXED = {"checkpoint": "0", "zero_grad": "zero", "optimizer": "adamw", "optimizer_impl": "fused",
+               "batch_size": 1}
 LAYER_PRECISIONS = ["bf16", "bf16-o2"]
 LAYER_ATTENTIONS = ["math", "flash"]
 HELP_AXES = ["precision", "checkpoint", "attention"]
@@ -44,6 +47,21 @@ HELP_AXES = ["precision", "checkpoint", "attention"]
 DP_RANKS = [8, 64]
 DP_STAGES = ["none", "zero1", "zero2", "zero3"]
 DP_SETTING = {"checkpoint": "1", "attention": "flash"}
+# Tensor parallelism: the per-GPU peak at tp 1 to 8 (one node of eight), SP off and on, in the same
+# setting; a tp the model's heads, KV heads, MLP width or vocabulary cannot split is left out.
+TP_SIZES = [1, 2, 4, 8]
+TP_SETTING = DP_SETTING
+
+
+def tp_splits(hyper: dict, tp: int) -> bool:
+    """Whether memtrade's tensor_parallel row takes tp for a model of these hyper-parameters: the
+    heads, KV heads and MLP width divide by it and every rank gets part of the vocabulary
+    (models/layers/tensor_parallel.h)."""
+    heads = int(hyper["n_head"])
+    kv = int(hyper.get("n_kv_head") or heads)
+    mlp = int(hyper.get("intermediate_size") or 4 * int(hyper["n_embd"]))
+    vocab = int(hyper["vocab_size"])
+    return heads % tp == 0 and kv % tp == 0 and mlp % tp == 0 and -(-vocab // tp) * (tp - 1) < vocab
 
 
 class BadInput(Exception):
@@ -80,8 +98,9 @@ def run(args: list[str]) -> str:
     return p.stdout
 
 
-def estimate(binary: str, grid: pathlib.Path, out: pathlib.Path) -> dict:
-    out.write_text(run([binary, "estimate", "--grid", str(grid), "--backend", "cuda", "--json"]))
+def estimate(binary: str, grid: pathlib.Path, out: pathlib.Path, *extra: str) -> dict:
+    out.write_text(run([binary, "estimate", "--grid", str(grid), "--backend", "cuda", "--json",
+                        *extra]))
     return load.load_estimates(out)
 
 
@@ -108,7 +127,7 @@ def check_plan(models: list[str]) -> dict[str, str]:
 
 
 def collect(binary: str, work: pathlib.Path, models: list[str], seqs: list[int],
-            cards: list[str]) -> R.Atlas:
+            cards: list[str], gpu: str | None = None) -> R.Atlas:
     knobs.use(json.loads(run([binary, "knobs", "--json"])))
     help_text = check_plan(models)
     version = run([binary, "--version"]).splitlines()[0].split(None, 1)[1]
@@ -159,8 +178,30 @@ def collect(binary: str, work: pathlib.Path, models: list[str], seqs: list[int],
                "sharding": DP_STAGES}
     dp = estimate(binary, write_grid(work / "dp.toml", "atlas-dp", dp_axes,
                                      pairs(lambda c: [c.value])), work / "dp.json")
+    # One grid per tp size, over the models it splits; SP where tp > 1. With a GPU the same grid
+    # again with --gpu: its time model where the point fits the card (the peaks above are taken
+    # without a capacity, so that a point too large for the card still shows its whole peak).
+    tp_docs, tp_times = [], []
+    for tp in TP_SIZES:
+        ok = [c for c in cases if tp_splits(hyper[c.model], tp)]
+        if not ok:
+            continue
+        axes = {"model": list(dict.fromkeys(c.value for c in ok)), "seq_len": seqs,
+                **{k: [v] for k, v in FIXED.items()}, **{k: [v] for k, v in TP_SETTING.items()},
+                "tensor_parallel": [tp], "sequence_parallel": ["off", "on"] if tp > 1 else ["off"]}
+        by_value: dict[str, list[int]] = {}
+        for c in ok:
+            by_value.setdefault(c.value, []).append(c.seq)
+        where = [{"model": [v], "seq_len": ss} for v, ss in by_value.items()]
+        grid = write_grid(work / f"tp{tp}.toml", f"atlas-tp{tp}", axes, where)
+        tp_docs.append(estimate(binary, grid, work / f"tp{tp}.json"))
+        if gpu:
+            tp_times.append(estimate(binary, grid, work / f"tp{tp}-{gpu}.json", "--gpu", gpu))
+    tp = {"points": [p for d in tp_docs for p in d["points"]]}
+    tp_time = {"points": [p for d in tp_times for p in d["points"]]} if gpu else None
     return R.Atlas(version=version, fixed=FIXED, settings=SETTINGS, dp=dp, dp_setting=DP_SETTING,
-                   dp_ranks=DP_RANKS, dp_stages=DP_STAGES,
+                   dp_ranks=DP_RANKS, dp_stages=DP_STAGES, tp=tp, tp_time=tp_time,
+                   tp_setting=TP_SETTING, tp_sizes=TP_SIZES, gpu=gpu,
                    breakdown_setting=BREAKDOWN_SETTING, cards=cards, cases=cases, peaks=peaks,
                    fits=fits, layers=layers, layer_fixed=LAYER_FIXED,
                    layer_precisions=LAYER_PRECISIONS, layer_attentions=LAYER_ATTENTIONS,
@@ -174,6 +215,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--seq-lens", default=",".join(map(str, SEQ_LENS)))
     ap.add_argument("--cards", default=",".join(CARDS), help="capacities in GiB, e.g. 24GiB")
+    ap.add_argument("--gpu", help="time the tensor-parallel table on this card (memtrade devices "
+                    "--table)")
     ap.add_argument("--work", help="keep the grids and JSON documents in this directory")
     return ap.parse_args(argv)
 
@@ -197,7 +240,7 @@ def main(argv: list[str]) -> int:
         with tempfile.TemporaryDirectory(prefix="memtrade-atlas-") as tmp:
             work = pathlib.Path(a.work or tmp)
             work.mkdir(parents=True, exist_ok=True)
-            atlas = collect(a.memtrade, work, models, seqs, cards)
+            atlas = collect(a.memtrade, work, models, seqs, cards, a.gpu)
             page = R.write_atlas(atlas, a.outdir)
     except (BadInput, load.InputError) as e:
         print(f"atlas: {e}", file=sys.stderr)

@@ -36,8 +36,8 @@ namespace {
 // whose tensors hold no bytes, so there is nothing to copy.
 class LocalComm final : public Comm {
  public:
-  LocalComm(int rank, int size, bool meta, StepClock* clock = nullptr)
-      : rank_(rank), size_(size), meta_(meta), clock_(clock) {}
+  LocalComm(int rank, int size, bool meta, TimedGroup timed = {})
+      : rank_(rank), size_(size), meta_(meta), timed_(timed) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   CommBackend backend() const override { return meta_ ? CommBackend::meta : CommBackend::self; }
@@ -47,29 +47,27 @@ class LocalComm final : public Comm {
   bool moves_data() const override { return !meta_; }
 
   void all_reduce(Tensor& t) override { charge(CollectiveKind::all_reduce, t); }
-  void start_all_reduce(Tensor& t) override {
-    if (clock_) clock_->start_collective(CollectiveKind::all_reduce, bytes(t));
-  }
+  void start_all_reduce(Tensor& t) override { started(CollectiveKind::all_reduce, t); }
   void wait_started() override {
-    if (clock_) clock_->wait_collectives();
+    if (timed_.clock) timed_.clock->wait_collectives();
   }
   void reduce_scatter(const Tensor& full, Tensor& part,
                       std::span<const std::int64_t> counts) override {
     check(counts);
     // FSDP / ZeRO-2's gradient reduce-scatter: overlapped with the rest of backward.
-    if (clock_) clock_->start_collective(CollectiveKind::reduce_scatter, bytes(full));
+    started(CollectiveKind::reduce_scatter, full);
     if (!meta_) copy_bytes(part.data(), full.data(), part.nbytes());
   }
   void all_gather(const Tensor& part, Tensor& full, std::span<const std::int64_t> counts) override {
     check(counts);
     // ZeRO-3 / FSDP's gather of a unit's weights: prefetched one unit ahead.
-    if (clock_) clock_->prefetched_collective(CollectiveKind::all_gather, bytes(full));
+    prefetched(CollectiveKind::all_gather, full);
     if (!meta_) copy_bytes(full.data(), part.data(), part.nbytes());
   }
   void all_gather_in_place(Tensor& full, std::span<const std::int64_t> counts) override {
     check(counts);
     // ZeRO-3 / FSDP's gather of a unit's weights: prefetched one unit ahead.
-    if (clock_) clock_->prefetched_collective(CollectiveKind::all_gather, bytes(full));
+    prefetched(CollectiveKind::all_gather, full);
   }
   void broadcast(Tensor& t, int) override { charge(CollectiveKind::broadcast, t); }
   void all_to_all(const Tensor& in, std::span<const std::int64_t> send, Tensor& out,
@@ -106,11 +104,20 @@ class LocalComm final : public Comm {
   }
   static double bytes(const Tensor& t) { return static_cast<double>(t.nbytes()); }
   void charge(CollectiveKind kind, const Tensor& t) {
-    if (clock_) clock_->collective(kind, bytes(t));
+    if (timed_.clock) timed_.clock->collective(kind, bytes(t), size_, timed_.span);
+  }
+  // Data parallelism's started and prefetched collectives; a tensor-parallel group's are in line.
+  void started(CollectiveKind kind, const Tensor& full) {
+    if (timed_.in_line) return charge(kind, full);
+    if (timed_.clock) timed_.clock->start_collective(kind, bytes(full), size_, timed_.span);
+  }
+  void prefetched(CollectiveKind kind, const Tensor& full) {
+    if (timed_.in_line) return charge(kind, full);
+    if (timed_.clock) timed_.clock->prefetched_collective(kind, bytes(full), size_, timed_.span);
   }
   int rank_, size_;
   bool meta_;
-  StepClock* clock_;  // the meta device's time model, where it keeps one
+  TimedGroup timed_;  // the meta device's time model, where it keeps one (timed_.clock)
 };
 
 }  // namespace
@@ -124,10 +131,14 @@ Comm& self_comm() {
   return one;
 }
 
-std::unique_ptr<Comm> make_meta_comm(int rank, int size, StepClock* clock) {
+std::unique_ptr<Comm> make_meta_comm(int rank, int size, const TimedGroup& group) {
   if (size < 1 || rank < 0 || rank >= size)
     throw std::invalid_argument(fmt::format("meta comm: rank {} of {}", rank, size));
-  return std::make_unique<LocalComm>(rank, size, true, clock);
+  return std::make_unique<LocalComm>(rank, size, true, group);
+}
+
+std::unique_ptr<Comm> make_meta_comm(int rank, int size, StepClock* clock) {
+  return make_meta_comm(rank, size, TimedGroup{clock});
 }
 
 std::unique_ptr<Comm> make_comm(Device& device, int world) {

@@ -49,12 +49,18 @@ double gemm_efficiency(const GpuSpec& gpu, std::int64_t batch, std::int64_t m, s
   return gemm_peak_efficiency(gpu.arch) * tile_fill * wave_fill * kk / (kk + kGemmK0);
 }
 
+namespace {
+bool one_nvlink_domain(const GpuSpec& gpu, int ranks, int span) {
+  return std::max(ranks, span) <= gpu.nvlink_domain && gpu.nvlink_bw > 0;
+}
+}  // namespace
+
 double collective_seconds(const GpuSpec& gpu, const Fabric& fabric, CollectiveKind kind,
-                          double bytes, int ranks) {
+                          double bytes, int ranks, int span) {
   if (ranks <= 1 || bytes <= 0) return 0.0;
   // A ring is as fast as its slowest link: NVLink while every rank is in one NVLink domain, the
   // InfiniBand port once the ring leaves it (and PCIe where there is no NVLink).
-  const bool one_domain = ranks <= gpu.nvlink_domain && gpu.nvlink_bw > 0;
+  const bool one_domain = one_nvlink_domain(gpu, ranks, span);
   const double link = one_domain ? gpu.nvlink_bw * kNvlinkEfficiency
                                  : std::min(fabric.ib_bw * kIbEfficiency,
                                             gpu.nvlink_bw > 0 ? gpu.nvlink_bw : gpu.host_bw);
@@ -79,10 +85,9 @@ double collective_seconds(const GpuSpec& gpu, const Fabric& fabric, CollectiveKi
   return 0.0;
 }
 
-double collective_latency(const GpuSpec& gpu, int ranks) {
+double collective_latency(const GpuSpec& gpu, int ranks, int span) {
   if (ranks <= 1) return 0.0;
-  const bool one_domain = ranks <= gpu.nvlink_domain && gpu.nvlink_bw > 0;
-  return (ranks - 1) * (one_domain ? kNvlinkHopLatency : kIbHopLatency);
+  return (ranks - 1) * (one_nvlink_domain(gpu, ranks, span) ? kNvlinkHopLatency : kIbHopLatency);
 }
 
 std::string_view time_share_name(TimeShare s) {
@@ -103,8 +108,8 @@ std::string_view time_share_name(TimeShare s) {
   return "?";
 }
 
-StepClock::StepClock(const GpuSpec& gpu, Fabric fabric, int ranks)
-    : gpu_(gpu), fabric_(fabric), ranks_(std::max(ranks, 1)) {
+StepClock::StepClock(const GpuSpec& gpu, Fabric fabric, int gpus)
+    : gpu_(gpu), fabric_(fabric), ranks_(std::max(gpus, 1)) {
   last_.fill(TimeShare::compute);
   last_[copy_lane] = TimeShare::copy;
   last_[comm] = TimeShare::comm;
@@ -178,18 +183,18 @@ void StepClock::copy(CopyKind kind, double bytes, StreamKind stream) {
   run(lane, kCopyLatency + bytes / gpu_.host_bw, TimeShare::copy);
 }
 
-double StepClock::collective_s(CollectiveKind kind, double bytes) const {
-  return collective_seconds(gpu_, fabric_, kind, bytes, ranks_);
+double StepClock::collective_s(CollectiveKind kind, double bytes, int ranks, int span) const {
+  return collective_seconds(gpu_, fabric_, kind, bytes, ranks, span);
 }
 
-void StepClock::collective(CollectiveKind kind, double bytes) {
-  run(compute, collective_s(kind, bytes), TimeShare::comm);
+void StepClock::collective(CollectiveKind kind, double bytes, int ranks, int span) {
+  run(compute, collective_s(kind, bytes, ranks, span), TimeShare::comm);
 }
 
-void StepClock::start_collective(CollectiveKind kind, double bytes) {
-  double t = collective_s(kind, bytes);
+void StepClock::start_collective(CollectiveKind kind, double bytes, int ranks, int span) {
+  double t = collective_s(kind, bytes, ranks, span);
   if (kind == CollectiveKind::reduce_scatter) {
-    if (scattering_) t -= collective_latency(gpu_, ranks_);  // the same unit's flat one
+    if (scattering_) t -= collective_latency(gpu_, ranks, span);  // the same unit's flat one
     scattering_ = true;
   }
   clock_[comm] = std::max(clock_[comm], clock_[compute]);  // ordered after the grads (an event)
@@ -201,9 +206,9 @@ void StepClock::wait_collectives() {
   wait(StreamKind::compute, started_until_, TimeShare::comm);
 }
 
-void StepClock::prefetched_collective(CollectiveKind kind, double bytes) {
-  double t = collective_s(kind, bytes);
-  if (gathering_) t -= collective_latency(gpu_, ranks_);  // the same unit's flat gather
+void StepClock::prefetched_collective(CollectiveKind kind, double bytes, int ranks, int span) {
+  double t = collective_s(kind, bytes, ranks, span);
+  if (gathering_) t -= collective_latency(gpu_, ranks, span);  // the same unit's flat gather
   clock_[comm] = std::max(clock_[comm], prefetch_from_) + t;
   last_[comm] = TimeShare::comm;
   wait(StreamKind::compute, clock_[comm], TimeShare::comm);

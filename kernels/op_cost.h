@@ -22,6 +22,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 
 #include "kernels/device.h"
@@ -90,13 +91,32 @@ enum class CollectiveKind : unsigned char {
   all_to_all
 };
 // Seconds of one collective over `ranks` GPUs of `bytes` (the full tensor: the reduced one, the
-// gathered one), ring or tree, whichever is cheaper.
+// gathered one), ring or tree, whichever is cheaper. The group lies within `span` consecutive
+// ranks of the world (0: `ranks`): it stays on NVLink while the span fits one NVLink domain
+// (ranks are tp × dp with tp inside a node, so a dp group of a tp > 1 layout strides over tp
+// ranks: tp 8 × dp 2 puts its two dp ranks in two nodes).
 double collective_seconds(const GpuSpec& gpu, const Fabric& fabric, CollectiveKind kind,
-                          double bytes, int ranks);
+                          double bytes, int ranks, int span = 0);
 // The hops' part of a reduce-scatter or all-gather: (ranks - 1) x the hop latency. FSDP gathers
 // (and reduce-scatters) a unit's parameters as one flat collective, the engine one per parameter:
 // the clock charges the hops once per unit.
-double collective_latency(const GpuSpec& gpu, int ranks);
+double collective_latency(const GpuSpec& gpu, int ranks, int span = 0);
+
+// A group of the meta device's ranks whose collectives a clock times: `ranks` GPUs within `span`
+// consecutive ranks of the world, and how the engine runs them. Data parallelism's start on a
+// stream of their own (DDP's buckets, ZeRO-2/FSDP's reduce-scatters) or are prefetched (FSDP's
+// gathers); tensor parallelism's (`in_line`) run on the compute stream where the layer calls
+// them: Megatron-core's default, without its optional TP communication overlap
+// (tp_comm_overlap, Transformer Engine's userbuffers).
+struct TimedGroup {
+  StepClock* clock = nullptr;
+  int span = 0;  // 0: the group's size
+  bool in_line = false;
+};
+class Comm;
+// Rank `rank` of a meta comm of `size` ranks timed as `group` (kernels/comm.cpp, beside
+// make_meta_comm, which times a group that is the whole world as data parallelism's).
+std::unique_ptr<Comm> make_meta_comm(int rank, int size, const TimedGroup& group);
 
 // Where a step's time goes, by what bounds each piece on the compute stream's critical path.
 enum class TimeShare : unsigned char { compute, memory, comm, copy, host, launch };
@@ -106,7 +126,8 @@ std::string_view time_share_name(TimeShare s);
 // The streams' timeline of one step.
 class StepClock {
  public:
-  StepClock(const GpuSpec& gpu, Fabric fabric, int ranks);
+  // `gpus`: the world (tp × dp ranks, one GPU each); collectives name their own group.
+  StepClock(const GpuSpec& gpu, Fabric fabric, int gpus);
   const GpuSpec& gpu() const { return gpu_; }
   int ranks() const { return ranks_; }
 
@@ -118,18 +139,18 @@ class StepClock {
   void host_op(double bytes);    // the host's ops (offload): at kHostUpdateBandwidth
   void copy(CopyKind kind, double bytes, StreamKind stream);
   // A collective in line on the compute stream (NCCL on the compute stream, as the engine runs
-  // every collective but DDP's).
-  void collective(CollectiveKind kind, double bytes);
+  // every collective but DDP's), over `ranks` GPUs within `span` consecutive ranks (0: ranks).
+  void collective(CollectiveKind kind, double bytes, int ranks, int span = 0);
   // DDP's bucket all-reduce and FSDP's reduce-scatter: started on a stream of their own after
   // the compute stream's work so far (the grads they reduce); the compute stream waits for all of
   // them at wait_collectives() (DDP's wait; the optimizer's first read of the grads).
-  void start_collective(CollectiveKind kind, double bytes);
+  void start_collective(CollectiveKind kind, double bytes, int ranks, int span = 0);
   void wait_collectives();
   // FSDP's all-gather of a unit's weights: on the collectives' stream, issued one unit ahead (the
   // gather of the next unit may start once this unit computes: FSDP's backward prefetch, and in
   // forward the CPU running ahead of the GPU, FSDP2's implicit prefetch), and the compute stream
   // waits for it before the unit's first op.
-  void prefetched_collective(CollectiveKind kind, double bytes);
+  void prefetched_collective(CollectiveKind kind, double bytes, int ranks, int span = 0);
 
   // ---- stream order ---------------------------------------------------------------------------
   double now(StreamKind s) const;  // when the stream's work so far is done
@@ -147,7 +168,7 @@ class StepClock {
  private:
   enum Lane : unsigned char { compute, copy_lane, comm, host, kLanes };
   void run(Lane lane, double seconds, TimeShare share);
-  double collective_s(CollectiveKind kind, double bytes) const;
+  double collective_s(CollectiveKind kind, double bytes, int ranks, int span) const;
 
   const GpuSpec& gpu_;
   Fabric fabric_;

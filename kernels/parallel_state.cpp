@@ -1,4 +1,5 @@
 #include "kernels/parallel_state.h"
+#include "kernels/op_cost.h"
 
 #include <stdexcept>
 
@@ -21,10 +22,13 @@ ParallelState make_parallel_state(Device& device, int tp, int dp, bool sequence_
     p.tp_rank = rank % tp;
     p.dp_rank = rank / tp;
     p.world = make_meta_comm(rank, world);
-    p.tp_group = make_meta_comm(p.tp_rank, tp);
-    // The time model's clock (estimate --gpu) prices data parallelism's collectives over the dp
-    // ranks; the tp groups' all-reduces, gathers and reduce-scatters are not timed yet.
-    p.dp_group = make_meta_comm(p.dp_rank, dp, device.step_clock());
+    // The time model's clock (estimate --gpu) prices both groups' collectives: a tp group's tp
+    // consecutive ranks in line on the compute stream (Megatron's row-parallel all-reduces, SP's
+    // gathers and reduce-scatters, the vocabulary-parallel loss), a dp group's dp ranks strided
+    // over the whole world (tp inside a node) as data parallelism runs them.
+    StepClock* clock = device.step_clock();
+    p.tp_group = make_meta_comm(p.tp_rank, tp, TimedGroup{clock, tp, true});
+    p.dp_group = make_meta_comm(p.dp_rank, dp, TimedGroup{clock, world, false});
     return p;
   }
   p.world = make_comm(device, world);

@@ -104,6 +104,14 @@ class Atlas:
     dp_setting: dict = dataclasses.field(default_factory=dict)
     dp_ranks: list[int] = dataclasses.field(default_factory=list)
     dp_stages: list[str] = dataclasses.field(default_factory=list)
+    # Tensor parallelism: memtrade.estimate/1 per GPU (rank 0) of every case at tp_setting for
+    # each tp size the model's heads, KV heads and MLP can split, SP off and on; with a GPU
+    # (`gpu`), `tp_time` holds the same points estimated with --gpu (time_model where it fits).
+    tp: dict | None = None
+    tp_time: dict | None = None
+    tp_setting: dict = dataclasses.field(default_factory=dict)
+    tp_sizes: list[int] = dataclasses.field(default_factory=list)
+    gpu: str | None = None
 
 
 def _seq_of(config: dict) -> int:
@@ -676,6 +684,66 @@ def dp_section(atlas: Atlas, n: int) -> tuple[str, int]:
     return "\n".join(text), n + 1
 
 
+def rate(v: float) -> str:
+    return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}K" if v >= 1e3 else f"{v:.1f}"
+
+
+def tp_section(atlas: Atlas, n: int) -> tuple[str, int]:
+    """Per-GPU peaks at each tp size, SP off and on (and with a GPU, the time model's tokens/s
+    per GPU and MFU)."""
+    def index(doc):
+        by = {}
+        for p in (doc or {}).get("points", []):
+            c = p["config"]
+            sp = c.get("sequence_parallel", "off") if int(c.get("tensor_parallel", 1)) > 1 else "off"
+            by[(c["model"], _seq_of(c), int(c.get("tensor_parallel", 1)), sp)] = p
+        return by
+    peaks, times = index(atlas.tp), index(atlas.tp_time)
+    sps = ["off", "on"]
+    rows = []
+    for case in atlas.cases:
+        for tp in atlas.tp_sizes:
+            if (case.value, case.seq, tp, "off") not in peaks:
+                continue  # a split this model's heads cannot take
+            cells = []
+            for sp in sps:
+                p = peaks.get((case.value, case.seq, tp, sp))
+                cells.append(gib(p["peak_allocated"]) if p and (tp > 1 or sp == "off") else "—")
+            if atlas.gpu:
+                for sp in sps:
+                    t = (times.get((case.value, case.seq, tp, sp)) or {}).get("time_model")
+                    ok = t and (tp > 1 or sp == "off")
+                    cells.append(f"{rate(t['tokens_per_s_per_gpu'])}, {100 * t['mfu']:.1f}%" if ok
+                                 else "—")
+            rows.append([case.model, str(case.seq), str(tp), *cells])
+    head = ["model", "tokens", "tp", "peak, SP off", "peak, SP on"]
+    timed = ""
+    if atlas.gpu:
+        head += [f"tok/s/GPU, MFU on {atlas.gpu} (SP off)", "(SP on)"]
+        timed = (f" With `--gpu {atlas.gpu}` the time model (docs/time-model.md) times each "
+                 "configuration that fits one such card: tokens per second per GPU and MFU (PaLM's "
+                 "convention, the whole model's FLOPs over tp GPUs), the tp collectives in line "
+                 "over NVLink; `—` where it does not fit.")
+    text = [
+        "## Per GPU under tensor parallelism",
+        "",
+        f"Each GPU's peak at batch 1, {setting_label(atlas.tp_setting)}, when one replica is split "
+        "over tp GPUs of a node (`--tp N`, Megatron's column- and row-parallel linears, heads and "
+        "KV heads split, the vocabulary split), without and with sequence parallelism "
+        "(`--sequence-parallel on`: the norms, residuals and the linears' saved inputs split "
+        "along the tokens). Only the sizes the model's heads, KV heads and MLP divide by are "
+        "shown. The memory model runs rank 0, which holds the largest vocabulary part "
+        "([tensor-parallel.md](tensor-parallel.md) has Korthikanti et al.'s per-rank formulas "
+        f"beside it).{timed}",
+        "",
+        caption(n, "peak allocated per GPU, GiB" + (", and the time model's throughput" if atlas.gpu
+                                                    else "")),
+        "",
+        _md_table(head, rows),
+    ]
+    return "\n".join(text), n + 1
+
+
 def write_atlas(atlas: Atlas, outdir: str | pathlib.Path, formats: Sequence[str] = FORMATS) -> pathlib.Path:
     """Draw the charts into outdir and write outdir/atlas.md; returns the page's path."""
     out = pathlib.Path(outdir)
@@ -712,6 +780,9 @@ def write_atlas(atlas: Atlas, outdir: str | pathlib.Path, formats: Sequence[str]
     parts += [section, ""]
     if atlas.dp:
         section, n = dp_section(atlas, n)
+        parts += [section, ""]
+    if atlas.tp:
+        section, n = tp_section(atlas, n)
         parts += [section, ""]
     parts += ["## Per model: peak at batch 1 and the largest batch per card", ""]
     for model in dict.fromkeys(c.model for c in atlas.cases):

@@ -21,8 +21,8 @@ namespace {
 struct AdviseFlags {
   KnobFlags knobs;
   std::int64_t global_batch = 0;
-  std::string allow, hold, margin, calibration, calibrate_on, clock = "wall";
-  int confirm = 0, steps = 8;
+  std::string allow, hold, margin, calibration, calibrate_on, clock = "wall", gpu;
+  int confirm = 0, steps = 8, gpus = 1;
   bool json = false, quiet = false;
 };
 
@@ -79,37 +79,81 @@ std::string pct(double x) {
   return fmt::format("{:+.1f}%", 100 * x);
 }
 
+// A point's throughput as the docs show it: a language model's tokens/s per GPU (with the MFU
+// where a GPU's time model priced it), an MLP's or CNN's samples/s (per GPU with several).
+struct Throughput {
+  bool tokens = false, mfu = false, per_gpu = false;
+  std::int64_t rows = 1;  // tokens per sample
+
+  explicit Throughput(const AdviseResult& r) {
+    const auto model = make_model(r.start.config);
+    tokens = model->rows_per_sample() > 1 || model->max_seq_len() > 0;
+    rows = model->rows_per_sample();
+    mfu = r.start.time.has_value();
+    per_gpu = tokens || r.gpus > 1;
+  }
+  std::string header() const {
+    return tokens ? "tok/s/GPU" : per_gpu ? "samples/s/GPU" : "samples/s";
+  }
+  double value(const AdvisePoint& p) const {
+    const double v = per_gpu ? p.samples_per_s_per_gpu() : p.samples_per_s;
+    return tokens ? v * static_cast<double>(rows) : v;
+  }
+  // 4 significant digits, whole numbers from 1000 on (12345 tok/s/GPU, not 1.234e+04).
+  std::string number(const AdvisePoint& p) const {
+    const double v = value(p);
+    return v >= 1000 ? fmt::format("{:.0f}", v) : fmt::format("{:.4g}", v);
+  }
+  std::string text(const AdvisePoint& p) const {
+    std::string out = fmt::format("{} {}", number(p), header());
+    if (mfu && p.time) out += fmt::format(", MFU {:.1f}%", 100 * p.time->mfu());
+    return out;
+  }
+};
+
 void print_text(const AdviseResult& r, const AdviseOptions& o) {
   const CostModel& cm = r.calibration.model;
-  fmt::print("advise {} for {} (limit {}, margin {}), {} samples per step, {} memory model\n",
+  const Throughput tp(r);
+  fmt::print("advise {} for {} (limit {}, margin {}){}, {} samples per step, {} memory model\n",
              r.start.id, format_bytes(r.capacity), format_bytes(r.limit), format_bytes(r.margin),
-             r.global_batch, r.backend);
+             r.gpu.empty() ? "" : fmt::format(" on {} × {}", r.gpus, r.gpu), r.global_batch,
+             r.backend);
   fmt::print("searched {} configurations ({} estimates) in {:.2f} s; turning {}{}\n", r.candidates,
              r.estimates, r.search_seconds, fmt::join(r.axes, ", "),
              r.held.empty() ? "" : fmt::format("; held {}", fmt::join(r.held, ", ")));
-  fmt::print("cost model: measured on {} with {}{} ({} points run, {} cached, {:.0f} s)\n",
-             cm.device, cm.model,
-             cm.transferred ? "; the throughputs below are predictions of that model" : "",
-             r.calibration.measured, r.calibration.cached, r.calibration.seconds);
+  if (!r.gpu.empty())
+    fmt::print(
+        "cost model: the time model of {} (every op of the dry run priced on the card; "
+        "docs/time-model.md)\n",
+        r.gpu);
+  else
+    fmt::print("cost model: measured on {} with {}{} ({} points run, {} cached, {:.0f} s)\n",
+               cm.device, cm.model,
+               cm.transferred ? "; the throughputs below are predictions of that model" : "",
+               r.calibration.measured, r.calibration.cached, r.calibration.seconds);
   for (const std::string& w : r.calibration.warnings) fmt::print("  warning: {}\n", w);
-  fmt::print("\nPareto frontier (predicted):\n{:>3} {:>11} {:>11} {:>10}  {:<4} {}\n", "#", "peak",
-             "samples/s", "step", "fits", "knobs turned");
+  fmt::print("\nPareto frontier (predicted):\n{:>3} {:>11} {:>13}{} {:>10}  {:<4} {}\n", "#",
+             "peak", tp.header(), tp.mfu ? fmt::format(" {:>6}", "MFU") : "", "step", "fits",
+             "knobs turned");
   for (std::size_t i = 0; i < r.frontier.size(); ++i) {
     const AdvisePoint& p = r.frontier[i];
     const bool chosen = r.recommended && r.recommended->id == p.id;
-    fmt::print("{:>3} {:>11} {:>11.4g} {:>10}  {:<4} {}{}\n", i + 1, format_bytes(p.peak),
-               p.samples_per_s, seconds_text(p.step_s), p.fits ? "yes" : "no",
-               turned_text(r.start.config, p.config), chosen ? "  <- recommended" : "");
+    fmt::print("{:>3} {:>11} {:>13}{} {:>10}  {:<4} {}{}\n", i + 1, format_bytes(p.peak),
+               tp.number(p), tp.mfu && p.time ? fmt::format(" {:>5.1f}%", 100 * p.time->mfu()) : "",
+               seconds_text(p.step_s), p.fits ? "yes" : "no", turned_text(r.start.config, p.config),
+               chosen ? "  <- recommended" : "");
   }
-  fmt::print("\nstart: {}, {:.4g} samples/s predicted; {}\n", format_bytes(r.start.peak),
-             r.start.samples_per_s, r.start.fits ? "fits" : "does not fit");
+  fmt::print("\nstart: {}, {} predicted; {}\n", format_bytes(r.start.peak), tp.text(r.start),
+             r.start.fits ? "fits" : "does not fit");
   if (r.recommended) {
     const AdvisePoint& p = *r.recommended;
     fmt::print(
-        "recommended{}: {}\n  peak {} of {} limit, {:.4g} samples/s predicted ({} vs the "
+        "recommended{}: {}\n  peak {} of {} limit, {} predicted, {} a step ({} vs the "
         "start)\n",
         r.recommended_measured ? " (best measured)" : "", p.id, format_bytes(p.peak),
-        format_bytes(r.limit), p.samples_per_s, pct(p.samples_per_s / r.start.samples_per_s - 1));
+        format_bytes(r.limit), tp.text(p), seconds_text(p.step_s),
+        pct(p.samples_per_s / r.start.samples_per_s - 1));
+    if (p.time) fmt::print("  time model: {}\n", time_model_line(*p.time));
     for (const Explanation& e : r.explanation) fmt::print("  {}\n", e.text);
   } else if (r.smallest) {
     fmt::print(
@@ -142,21 +186,55 @@ void print_text(const AdviseResult& r, const AdviseOptions& o) {
 }
 
 int cmd_advise(CLI::App& cmd, AdviseFlags& f) {
-  if (f.knobs.capacity.empty())
-    throw BadInput("advise: --capacity is required (a size like 24GiB or a card like a10g, h100)");
   AdviseOptions o;
-  o.capacity = parse_capacity_flag(f.knobs.capacity);
+  o.gpu = gpu_flag(f.gpu, f.knobs);
+  if (f.knobs.capacity.empty() && !o.gpu)
+    throw BadInput(
+        "advise: --capacity is required (a size like 24GiB or a card like a10g, h100), or --gpu");
+  o.capacity = o.gpu && f.knobs.capacity.empty() ? gpu_capacity(*o.gpu)
+                                                 : parse_capacity_flag(f.knobs.capacity);
   o.start = to_train_config(f.knobs);
+  if (cmd.count("--gpus") > 0) {
+    // N GPUs of the card: the start is a layout of them (its --tp, and dp = N / tp unless --dp
+    // says), and the search turns tp × dp, sharding and sequence parallelism among them.
+    if (!o.gpu) throw BadInput("--gpus prices that many GPUs of the table: it needs --gpu NAME");
+    if (f.gpus < 1 || f.gpus > 65536)
+      throw BadInput(fmt::format("--gpus: expected 1 to 65536 GPUs, got {}", f.gpus));
+    const std::int64_t tp = o.start.tensor_parallel;
+    if (cmd.count("--dp") == 0) {
+      if (f.gpus % tp != 0)
+        throw BadInput(fmt::format("--gpus {} is not divisible by --tp {}", f.gpus, tp));
+      o.start.data_parallel = f.gpus / tp;
+    } else if (o.start.data_parallel * tp != f.gpus) {
+      throw BadInput(
+          fmt::format("--gpus {} is not --dp {} × --tp {}", f.gpus, o.start.data_parallel, tp));
+    }
+    o.gpus = f.gpus;
+    try {
+      resolve_config(o.start);
+    } catch (const KnobError& e) {
+      throw BadInput(fmt::format("--gpus {}: the start (dp {} × tp {}): {}", f.gpus,
+                                 o.start.data_parallel, tp, e.what()));
+    }
+  }
   if (cmd.count("--global-batch") > 0) {
+    // Samples per optimizer step over every data-parallel rank: each rank's b × a is G / dp.
+    const std::int64_t dp = o.start.data_parallel;
     if (f.global_batch < 1) throw BadInput("--global-batch: must be a positive integer");
-    if (cmd.count("--batch-size") == 0) o.start.batch_size = f.global_batch;
-    if (f.global_batch % o.start.batch_size != 0)
-      throw BadInput(fmt::format("--global-batch {} is not divisible by --batch-size {}",
-                                 f.global_batch, o.start.batch_size));
-    const std::int64_t a = f.global_batch / o.start.batch_size;
+    if (f.global_batch % dp != 0)
+      throw BadInput(fmt::format("--global-batch {} is not divisible by the {} data-parallel ranks",
+                                 f.global_batch, dp));
+    const std::int64_t per_rank = f.global_batch / dp;
+    if (cmd.count("--batch-size") == 0) o.start.batch_size = per_rank;
+    if (per_rank % o.start.batch_size != 0)
+      throw BadInput(fmt::format("--global-batch {} is not divisible by --batch-size {}{}",
+                                 f.global_batch, o.start.batch_size,
+                                 dp > 1 ? fmt::format(" × dp {}", dp) : ""));
+    const std::int64_t a = per_rank / o.start.batch_size;
     if (cmd.count("--accumulation") > 0 && o.start.accumulation != a)
-      throw BadInput(fmt::format("--global-batch {} is not --batch-size {} × --accumulation {}",
-                                 f.global_batch, o.start.batch_size, o.start.accumulation));
+      throw BadInput(fmt::format("--global-batch {} is not{} --batch-size {} × --accumulation {}",
+                                 f.global_batch, dp > 1 ? fmt::format(" dp {} ×", dp) : "",
+                                 o.start.batch_size, o.start.accumulation));
     o.start.accumulation = a;
   }
   // The card's backend: the memory model's; the runs happen there when it is usable here, else
@@ -169,6 +247,8 @@ int cmd_advise(CLI::App& cmd, AdviseFlags& f) {
   if (f.confirm > 0 && !runs_here)
     throw BadInput(fmt::format("--confirm needs the cuda backend usable here ({})", cuda.detail));
   if (f.confirm < 0) throw BadInput("--confirm: must be >= 0");
+  if (f.confirm > 0 && o.gpus > 1)
+    throw BadInput("--confirm runs each candidate as one process: not with --gpus (tp × dp ranks)");
   if (f.steps < 1) throw BadInput("--steps: must be >= 1");
   o.margin = margin_bytes(f.margin, o.capacity, o.backend);
   o.allow = split_list(f.allow);
@@ -233,6 +313,12 @@ void register_advise_commands(CLI::App& app, Commands& cmds) {
                   "the cpu backend on a shared machine)")
       ->check(CLI::IsMember({"wall", "cpu"}))
       ->capture_default_str();
+  cmd->add_option("--gpu", f.gpu,
+                  "Price every point with this card's time model (memtrade devices --table) "
+                  "instead of the calibration; the capacity is its memory unless --capacity");
+  cmd->add_option("--gpus", f.gpus,
+                  "With --gpu: N such GPUs; searches tp × dp = N (tp within the NVLink domain), "
+                  "sharding and sequence parallelism beside the single-device knobs");
   cmd->add_flag("--json", f.json, "Print the memtrade.advise/1 document");
   cmd->add_flag("--quiet", f.quiet, "No progress lines");
   cmds.add(cmd, [cmd, &f] { return cmd_advise(*cmd, f); });

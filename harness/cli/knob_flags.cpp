@@ -136,4 +136,19 @@ TrainConfig to_train_config(const KnobFlags& f) {
   return c;
 }
 
+const GpuSpec* gpu_flag(const std::string& name, KnobFlags& flags) {
+  if (name.empty()) return nullptr;
+  const GpuSpec* gpu = find_gpu(name);
+  if (!gpu)
+    throw BadInput(fmt::format("--gpu: no GPU '{}' in the table (memtrade devices --table): {}",
+                               echo(name), gpu_names()));
+  if (flags.backend == "cpu") throw BadInput("--gpu times a CUDA step: it needs --backend cuda");
+  flags.backend = "cuda";
+  return gpu;
+}
+
+std::size_t gpu_capacity(const GpuSpec& gpu) {
+  return static_cast<std::size_t>(gpu.memory_gib * static_cast<double>(GiB));
+}
+
 }  // namespace memtrade

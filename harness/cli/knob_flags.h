@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 
+#include "kernels/gpu_specs.h"
 #include "models/config/knobs.h"
 
 namespace memtrade {
@@ -30,5 +31,11 @@ std::vector<std::string> given_point_flags(const CLI::App& cmd);
 // Emulated capacity in bytes (0 = none: "" where the flag was not given); throws BadInput on
 // text like "12XB", and on "" where the flag was given.
 std::size_t parse_capacity_flag(const std::string& text, bool given = false);
+
+// `--gpu NAME` (estimate, fit, advise): its row of the GPU table (nullptr for ""); the backend
+// becomes CUDA (BadInput where --backend cpu was given, or for a name not in the table).
+const GpuSpec* gpu_flag(const std::string& name, KnobFlags& flags);
+// The card's memory: the capacity of a --gpu run unless --capacity says otherwise.
+std::size_t gpu_capacity(const GpuSpec& gpu);
 
 }  // namespace memtrade

@@ -261,23 +261,6 @@ std::string breakdown_line(const std::array<std::int64_t, kNumCategories>& b) {
   return out;
 }
 
-// `--gpu NAME`: its row of the GPU table; the backend is CUDA and the capacity the card's own
-// unless --capacity says otherwise.
-const GpuSpec* gpu_flag(const std::string& name, RunFlags& f) {
-  if (name.empty()) return nullptr;
-  const GpuSpec* gpu = find_gpu(name);
-  if (!gpu)
-    throw BadInput(fmt::format("--gpu: no GPU '{}' in the table (memtrade devices --table): {}",
-                               echo(name), gpu_names()));
-  if (f.knobs.backend == "cpu") throw BadInput("--gpu times a CUDA step: it needs --backend cuda");
-  f.knobs.backend = "cuda";
-  return gpu;
-}
-
-std::size_t gpu_capacity(const GpuSpec& gpu) {
-  return static_cast<std::size_t>(gpu.memory_gib * static_cast<double>(GiB));
-}
-
 // The MoE line of a text estimate: the routing and what the MoE layers saved.
 std::string moe_line(const nlohmann::json& moe) {
   const nlohmann::json& b = moe.at("saved_bytes");
@@ -291,7 +274,7 @@ std::string moe_line(const nlohmann::json& moe) {
 
 int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank, const std::string& gpu_name,
                  const std::string& moe_routing) {
-  const GpuSpec* gpu = gpu_flag(gpu_name, f);
+  const GpuSpec* gpu = gpu_flag(gpu_name, f.knobs);
   std::string requested = f.knobs.backend == "auto" ? "cpu" : f.knobs.backend;
   Grid g = grid_for(cmd, f, requested);
   if (gpu && cmd.count("--capacity") == 0) g.run.capacity = gpu_capacity(*gpu);
@@ -336,7 +319,7 @@ int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank, const std::str
 
 int cmd_fit(CLI::App& cmd, RunFlags& f, const FitOptions& defaults, const std::string& json_out,
             const std::string& gpu_name) {
-  const GpuSpec* gpu = gpu_flag(gpu_name, f);
+  const GpuSpec* gpu = gpu_flag(gpu_name, f.knobs);
   if (f.knobs.capacity.empty() && !gpu)
     throw BadInput("fit: --capacity is required (e.g. 24GiB or a10g), or --gpu");
   std::string requested =

@@ -32,16 +32,18 @@ int turned(const TrainConfig& a, const TrainConfig& b) {
   return n;
 }
 
-// Peaks from the memory model, step times from the cost model.
+// Peaks from the memory model, step times from the cost model, or with a GPU from its time
+// model: the same dry run timed, with every micro-batch (the step's time is the sum of all).
 class Evaluator {
  public:
-  Evaluator(Backend backend, std::size_t limit, const CostModel& cost)
-      : backend_(backend), limit_(limit), cost_(cost) {}
+  Evaluator(Backend backend, std::size_t limit, const CostModel& cost, const GpuSpec* gpu = nullptr)
+      : backend_(backend), limit_(limit), cost_(cost), gpu_(gpu) {}
 
   AdvisePoint operator()(const TrainConfig& c, bool exact) {
     TrainConfig e = c;
-    e.accumulation = exact ? c.accumulation : std::min(c.accumulation, kEstimatedMicroBatches);
-    const MemoryEstimate m = estimate_memory(e, backend_, 0);
+    e.accumulation =
+        exact || gpu_ ? c.accumulation : std::min(c.accumulation, kEstimatedMicroBatches);
+    const MemoryEstimate m = estimate_memory(e, backend_, 0, 1, 0, gpu_, fabric_);
     ++estimates;
     AdvisePoint p;
     p.id = point_id(c);
@@ -55,7 +57,8 @@ class Evaluator {
       ++estimates;
     }
     last_inputs = cost_inputs(c, model_for(c), m, e.accumulation);
-    p.step_s = cost_.predict(last_inputs);
+    p.time = m.time;
+    p.step_s = m.time ? m.time->step_s : cost_.predict(last_inputs);
     p.samples_per_s = p.step_s > 0 ? static_cast<double>(samples_per_step(c)) / p.step_s : 0;
     return p;
   }
@@ -65,13 +68,15 @@ class Evaluator {
 
  private:
   const Model& model_for(const TrainConfig& c) {
-    auto& m = models_[fmt::format("{}/{}", c.model, c.seq_len)];
+    auto& m = models_[fmt::format("{}/{}/tp{}", c.model, c.seq_len, c.tensor_parallel)];
     if (!m) m = make_model(c);
     return *m;
   }
   Backend backend_;
   std::size_t limit_;
   const CostModel& cost_;
+  const GpuSpec* gpu_;
+  Fabric fabric_;
   std::map<std::string, std::unique_ptr<Model>> models_;
 };
 
@@ -102,7 +107,8 @@ std::vector<AdvisePoint> pareto_frontier(std::vector<AdvisePoint> pts, const Tra
 }
 
 std::vector<AdvisePoint> evaluate(const AdviseSpace& space, Backend backend, std::size_t limit,
-                                  const CostModel& cost, std::size_t* estimates, int threads) {
+                                  const CostModel& cost, std::size_t* estimates, int threads,
+                                  const GpuSpec* gpu) {
   // Every estimate has its own meta device, model and Trainer: the configurations are evaluated
   // on `threads` threads, each taking every n-th one; the result does not depend on n.
   const std::size_t n = std::max<std::size_t>(
@@ -114,7 +120,7 @@ std::vector<AdvisePoint> evaluate(const AdviseSpace& space, Backend backend, std
   std::vector<std::exception_ptr> errors(n);
   auto work = [&](std::size_t t) {
     try {
-      Evaluator eval(backend, limit, cost);
+      Evaluator eval(backend, limit, cost, gpu);
       for (std::size_t i = t; i < all.size(); i += n) all[i] = eval(space.configs[i], false);
       counts[t] = eval.estimates;
     } catch (...) {
@@ -133,6 +139,16 @@ std::vector<AdvisePoint> evaluate(const AdviseSpace& space, Backend backend, std
 }
 
 namespace {
+
+bool contains_axis(const std::vector<std::string>& names, const std::vector<std::string>& axes) {
+  for (const std::string& a : axes)
+    if (std::find(names.begin(), names.end(), a) != names.end()) return true;
+  return false;
+}
+
+std::string seconds_text(double s) {
+  return s >= 1 ? fmt::format("{:.3g} s", s) : fmt::format("{:.3g} ms", s * 1e3);
+}
 
 std::string join_values(const std::vector<std::string>& axes, const TrainConfig& c) {
   std::vector<std::string> parts;
@@ -169,15 +185,69 @@ std::string reason(const std::vector<std::string>& axes, const AdvisePoint& rec,
   return "";
 }
 
+// Seconds by share of a point's step on the GPU.
+std::array<double, kNumTimeShares> share_seconds(const AdvisePoint& p) {
+  std::array<double, kNumTimeShares> out{};
+  if (p.time)
+    for (std::size_t i = 0; i < kNumTimeShares; ++i) out[i] = p.time->shares[i] * p.step_s;
+  return out;
+}
+
+std::string signed_seconds(double s) {
+  return fmt::format("{}{}", s >= 0 ? "+" : "-", seconds_text(std::abs(s)));
+}
+
+// Why a group of axes costs (or saves) time on the GPU: what the time model's step does more
+// than without the turn, in that card's terms, and where its seconds go (the shares that moved
+// by more than 1% of the step).
+std::string gpu_reason(const std::vector<std::string>& axes, const AdvisePoint& rec,
+                       const AdvisePoint& without, const CostInputs& in, const GpuSpec& gpu) {
+  const Knob& k = knob(axes.front());
+  const double k_mb = static_cast<double>(rec.config.accumulation);
+  std::string what;
+  if (k.cost == CostDriver::structure)
+    what = fmt::format("{} micro-batch{} of {} a step", rec.config.accumulation,
+                       rec.config.accumulation > 1 ? "es" : "", rec.config.batch_size);
+  if (contains_axis(parallel_axes(), axes))
+    what += fmt::format(
+        "{}tp {} × dp {}{}{}: collectives over NVLink {:.0f} GB/s within {} GPUs, IB {:.0f} GB/s "
+        "beyond",
+        what.empty() ? "" : ", ", rec.config.tensor_parallel, rec.config.data_parallel,
+        rec.config.data_parallel > 1 ? fmt::format(" {}", sharding_name(rec.config.sharding)) : "",
+        rec.config.sequence_parallel == SequenceParallel::on ? " SP" : "", gpu.nvlink_bw / 1e9,
+        gpu.nvlink_domain, Fabric{}.ib_bw / 1e9);
+  else if (k.cost == CostDriver::recompute)
+    what = fmt::format("recomputes {:.3g} TFLOP a step per GPU",
+                       k_mb * (in.flops_blocks + in.flops_selective) / 1e12);
+  else if (k.cost == CostDriver::copies)
+    what = fmt::format(
+        "copies {} a step at PCIe {} {:.0f} GB/s",
+        format_bytes(static_cast<std::int64_t>(k_mb * in.copied_per_micro + in.copied_per_step)),
+        gpu.pcie_gen, gpu.host_bw / 1e9);
+  const auto a = share_seconds(rec), b = share_seconds(without);
+  std::string moved;
+  for (std::size_t i = 0; i < kNumTimeShares; ++i)
+    if (std::abs(a[i] - b[i]) > 0.01 * rec.step_s)
+      moved += fmt::format("{}{} {}", moved.empty() ? "" : ", ",
+                           time_share_name(static_cast<TimeShare>(i)), signed_seconds(a[i] - b[i]));
+  std::string out = fmt::format("{}{}step {} vs {} on {}", what, what.empty() ? "" : "; ",
+                                seconds_text(rec.step_s), seconds_text(without.step_s), gpu.name);
+  if (without.gpus() != rec.gpus()) out += fmt::format(" ×{}", without.gpus());
+  if (!moved.empty()) out += ": " + moved;
+  return out;
+}
+
 nlohmann::json point_json(const AdvisePoint& p) {
-  return {{"id", p.id},
-          {"config", config_json(p.config, *make_model(p.config))},
-          {"predicted_peak", p.peak},
-          {"predicted_reserved", p.reserved},
-          {"fits", p.fits},
-          {"exact", p.exact},
-          {"predicted_step_s", p.step_s},
-          {"predicted_samples_per_s", p.samples_per_s}};
+  nlohmann::json j = {{"id", p.id},
+                      {"config", config_json(p.config, *make_model(p.config))},
+                      {"predicted_peak", p.peak},
+                      {"predicted_reserved", p.reserved},
+                      {"fits", p.fits},
+                      {"exact", p.exact},
+                      {"predicted_step_s", p.step_s},
+                      {"predicted_samples_per_s", p.samples_per_s}};
+  if (p.time) j["time_model"] = time_model_json(*p.time);
+  return j;
 }
 
 std::vector<Confirmation> confirm(const std::vector<AdvisePoint>& top, const AdviseOptions& o) {
@@ -201,8 +271,15 @@ AdviseResult advise(const AdviseOptions& o) {
   r.margin = o.margin;
   r.limit = o.capacity - std::min(o.margin, o.capacity);
   r.held = o.hold;
+  r.gpu = o.gpu ? std::string(o.gpu->name) : "";
+  r.gpus = static_cast<int>(o.start.data_parallel * o.start.tensor_parallel);
+  if (o.gpus > 1 && r.gpus != o.gpus)
+    throw BadInput(
+        fmt::format("advise over {} GPUs: the start is laid out on {} (dp × tp)", o.gpus, r.gpus));
   auto t0 = std::chrono::steady_clock::now();
-  const AdviseSpace space = advise_space(o.start, o.allow, o.hold, o.backend);
+  const AdviseSpace space =
+      advise_space(o.start, o.allow, o.hold, o.backend,
+                   ParallelSearch{o.gpus, o.gpu ? std::max(1, o.gpu->nvlink_domain) : 1});
   r.global_batch = space.global_batch;
   r.axes = space.axes;
   r.allowed = space.allowed;
@@ -224,19 +301,22 @@ AdviseResult advise(const AdviseOptions& o) {
         o.margin > 0 ? fmt::format(" less the margin {}", format_bytes(o.margin)) : "",
         o.start.model, format_bytes(least)));
 
-  r.calibration = calibrate(space, o.calibration);
-  r.calibration.model.transferred = r.calibration.model.model != o.start.model ||
-                                    o.calibration.backend != backend_name(o.backend);
-  // Measured on another device (the CPU for a CUDA run): what carries over is the shape of the
-  // costs, not the CPU's cache effects. A GPU's GEMMs get no slower per FLOP as they grow, so a
-  // smaller micro-batch is never predicted faster there (the CPU's curve can fall past its cache).
-  if (o.calibration.backend != backend_name(o.backend)) r.calibration.model.rate_never_falls();
+  if (!o.gpu) {  // a GPU of the table is priced by its time model: nothing to measure
+    r.calibration = calibrate(space, o.calibration);
+    r.calibration.model.transferred = r.calibration.model.model != o.start.model ||
+                                      o.calibration.backend != backend_name(o.backend);
+    // Measured on another device (the CPU for a CUDA run): what carries over is the shape of the
+    // costs, not the CPU's cache effects. A GPU's GEMMs get no slower per FLOP as they grow, so a
+    // smaller micro-batch is never predicted faster there (the CPU's curve can fall past its
+    // cache).
+    if (o.calibration.backend != backend_name(o.backend)) r.calibration.model.rate_never_falls();
+  }
 
   t0 = std::chrono::steady_clock::now();
   const std::vector<AdvisePoint> all =
-      evaluate(space, o.backend, r.limit, r.calibration.model, &r.estimates);
+      evaluate(space, o.backend, r.limit, r.calibration.model, &r.estimates, 0, o.gpu);
   r.frontier = pareto_frontier(all, o.start);
-  Evaluator eval(o.backend, r.limit, r.calibration.model);
+  Evaluator eval(o.backend, r.limit, r.calibration.model, o.gpu);
   std::vector<AdvisePoint> fitting;
   for (const AdvisePoint& p : all)
     if (p.fits) fitting.push_back(p);
@@ -310,7 +390,7 @@ AdviseResult advise(const AdviseOptions& o) {
   const AdvisePoint& rec = *r.recommended;
   eval(rec.config, true);
   const CostInputs rec_in = eval.last_inputs;
-  for (const std::vector<std::string>& group : turned_groups(o.start, rec.config)) {
+  for (const std::vector<std::string>& group : turned_groups(o.start, rec.config, o.gpus > 1)) {
     TrainConfig without = rec.config;
     for (const std::string& a : group) set_knob(without, knob(a), knob(a).get(o.start));
     try {
@@ -324,14 +404,16 @@ AdviseResult advise(const AdviseOptions& o) {
     e.from = join_values(group, o.start);
     e.to = join_values(group, rec.config);
     e.memory_saved = w.peak - rec.peak;
-    e.throughput_cost = w.samples_per_s > 0 ? 1 - rec.samples_per_s / w.samples_per_s : 0;
+    e.throughput_cost =
+        w.samples_per_s > 0 ? 1 - rec.samples_per_s_per_gpu() / w.samples_per_s_per_gpu() : 0;
     const std::string cost =
         e.throughput_cost >= 0 ? fmt::format("costs {:.1f}% of throughput", 100 * e.throughput_cost)
                                : fmt::format("gains {:.1f}% throughput", -100 * e.throughput_cost);
-    e.text =
-        fmt::format("{} {} -> {}: {} {} of peak, {} ({})", fmt::join(group, " × "), e.from, e.to,
-                    e.memory_saved >= 0 ? "saves" : "adds", format_bytes(std::abs(e.memory_saved)),
-                    cost, reason(group, rec, rec_in, r.calibration.model));
+    e.text = fmt::format("{} {} -> {}: {} {} of peak, {} ({})", fmt::join(group, " × "), e.from,
+                         e.to, e.memory_saved >= 0 ? "saves" : "adds",
+                         format_bytes(std::abs(e.memory_saved)), cost,
+                         o.gpu ? gpu_reason(group, rec, w, rec_in, *o.gpu)
+                               : reason(group, rec, rec_in, r.calibration.model));
     r.explanation.push_back(std::move(e));
   }
   return r;
@@ -378,15 +460,27 @@ nlohmann::json advise_json(const AdviseResult& r) {
   }
   nlohmann::json values = nlohmann::json::object();
   for (const auto& [axis, vs] : r.values) values[axis] = vs;
-  nlohmann::json cost = r.calibration.model.to_json();
-  cost["calibration"] = {{"measured", r.calibration.measured},
-                         {"cached", r.calibration.cached},
-                         {"seconds", r.calibration.seconds},
-                         {"warnings", r.calibration.warnings}};
+  nlohmann::json cost;
+  if (!r.gpu.empty()) {
+    const Fabric fabric;
+    cost = {{"kind", "time-model"},
+            {"gpu", r.gpu},
+            {"gpus", r.gpus},
+            {"fabric", {{"ib_bytes_per_s", fabric.ib_bw}, {"source", fabric.source}}}};
+  } else {
+    cost = r.calibration.model.to_json();
+    cost["kind"] = "calibration";
+    cost["calibration"] = {{"measured", r.calibration.measured},
+                           {"cached", r.calibration.cached},
+                           {"seconds", r.calibration.seconds},
+                           {"warnings", r.calibration.warnings}};
+  }
   return {
       {"schema", "memtrade.advise/1"},
       {"backend", r.backend},
       {"clock", r.clock},
+      {"gpu", r.gpu.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.gpu)},
+      {"gpus", r.gpus},
       {"capacity", r.capacity},
       {"margin", r.margin},
       {"limit", r.limit},

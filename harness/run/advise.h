@@ -3,7 +3,10 @@
 //
 // The search space is read off the knob table (advise_space.h). Every configuration's peak
 // comes from the memory model (estimate_memory, exact on the CPU), its step time from the cost
-// model (advise_cost.h), calibrated by measurement on the device at hand (advise_calibrate.h).
+// model (advise_cost.h), calibrated by measurement on the device at hand (advise_calibrate.h),
+// or, for a GPU of the table (--gpu), from that card's time model (harness/run/time_model.h:
+// the same dry run timed op by op, every micro-batch), with --gpus N searching the layouts of N
+// such GPUs (tp × dp, sharding, sequence parallelism) beside the single-device knobs.
 // A configuration fits when its peak fits the limit = capacity − margin: the peak reserved
 // without a capacity is within the limit, or, between the allocated and the reserved peak, the
 // estimate under the limit (the allocator releasing its cache and retrying) does not run out.
@@ -33,6 +36,7 @@
 #include "harness/common/point_row.h"
 #include "harness/run/advise_calibrate.h"
 #include "harness/run/advise_space.h"
+#include "harness/run/time_model.h"
 
 namespace memtrade {
 
@@ -44,6 +48,10 @@ struct AdviseOptions {
   std::vector<std::string> allow, hold;
   int confirm = 0;  // run the top K for real (needs the backend usable here)
   CalibrationOptions calibration;
+  // A card of the GPU table: every point priced by its time model, no calibration. `gpus` > 1:
+  // search the layouts of that many (ParallelSearch), the start being one of them (tp × dp).
+  const GpuSpec* gpu = nullptr;
+  int gpus = 1;
 };
 
 struct AdvisePoint {
@@ -52,14 +60,18 @@ struct AdvisePoint {
   std::int64_t peak = 0, reserved = 0;  // predicted peak allocated / reserved
   bool fits = false;
   bool exact = false;                    // estimated with every micro-batch
-  double step_s = 0, samples_per_s = 0;  // predicted
+  double step_s = 0, samples_per_s = 0;  // predicted (samples_per_s: of every GPU together)
+  std::optional<TimeModel> time;         // with a GPU: the time model of the step
+  int gpus() const { return static_cast<int>(config.data_parallel * config.tensor_parallel); }
+  double samples_per_s_per_gpu() const { return samples_per_s / gpus(); }
 };
 
 struct Explanation {
   std::vector<std::string> axes;
   std::string from, to;           // the axes' values at the start and in the recommendation
   std::int64_t memory_saved = 0;  // peak with the start's values of these axes − recommended
-  double throughput_cost = 0;     // 1 − recommended throughput / throughput without this turn
+  double throughput_cost = 0;     // 1 − recommended throughput / throughput without this turn,
+                                  // per GPU (reverting tp or dp alone changes the GPU count)
   std::string text;               // one line
 };
 
@@ -71,6 +83,8 @@ struct Confirmation {
 struct AdviseResult {
   std::string backend;  // the memory model's
   std::string clock;    // the step time measurements count (CalibrationOptions::clock)
+  std::string gpu;      // the time model's card ("" : the calibration priced the points)
+  int gpus = 1;
   AdvisePoint start;
   std::int64_t global_batch = 0;
   std::vector<std::string> axes, allowed, held;
@@ -94,9 +108,11 @@ AdviseResult advise(const AdviseOptions& o);
 // The search itself: every configuration of `space` with its peak (the memory model, two
 // micro-batches) and predicted step time, on `threads` threads (0: one per core); `estimates`
 // (if given) counts memory-model runs.
+// With a `gpu`, the time model of that card prices every point instead of `cost`, each
+// estimated with all its micro-batches.
 std::vector<AdvisePoint> evaluate(const AdviseSpace& space, Backend backend, std::size_t limit,
                                   const CostModel& cost, std::size_t* estimates = nullptr,
-                                  int threads = 0);
+                                  int threads = 0, const GpuSpec* gpu = nullptr);
 // The points no other point beats in both peak and predicted throughput, peak ascending.
 std::vector<AdvisePoint> pareto_frontier(std::vector<AdvisePoint> points, const TrainConfig& start);
 

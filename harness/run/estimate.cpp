@@ -133,8 +133,8 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   auto start = std::chrono::steady_clock::now();
   MemoryEstimate e;
   std::optional<StepClock> clock;
-  // The collectives' time is data parallelism's (the tp groups' all-reduces are not timed yet).
-  if (gpu) clock.emplace(*gpu, fabric, static_cast<int>(cfg.data_parallel));
+  // One GPU per rank of tp × dp; each group's collectives are timed over its own ranks.
+  if (gpu) clock.emplace(*gpu, fabric, static_cast<int>(cfg.tensor_parallel * cfg.data_parallel));
   MetaDevice dev(backend, capacity, rank, clock ? &*clock : nullptr);
   auto model = make_model(cfg, tp_rank_of(rank, static_cast<int>(cfg.tensor_parallel)));
   auto* moe = dynamic_cast<MoeRouted*>(model.get());

@@ -1,5 +1,7 @@
 #include "harness/run/time_model.h"
 
+#include <memory>
+
 #include <fmt/format.h>
 
 #include "models/model.h"
@@ -26,9 +28,18 @@ TimeModel summarize_time(const StepClock& clock, const TrainConfig& cfg, const M
   t.language_model = model.rows_per_sample() > 1 || model.max_seq_len() > 0;
   t.samples_per_step = samples_per_step(cfg);
   t.tokens_per_step = t.samples_per_step * model.rows_per_sample();
-  // The model's FLOPs, not the hardware's: forward + backward of one sample, recompute excluded.
+  // The model's FLOPs, not the hardware's: forward + backward of one sample, recompute excluded,
+  // of the whole model (a tp rank's model holds 1/tp of its matrices: the MFU is per GPU of the
+  // tp × dp ranks, which together compute the whole model's FLOPs).
   const RunOptions ro = RunOptions::from(cfg);
-  const FlopCount f = model.flops(1, ro);
+  std::unique_ptr<Model> whole;
+  if (cfg.tensor_parallel > 1) {
+    TrainConfig one = cfg;
+    one.tensor_parallel = 1;
+    one.sequence_parallel = SequenceParallel::off;
+    whole = make_model(one);
+  }
+  const FlopCount f = (whole ? *whole : model).flops(1, ro);
   t.model_flops_per_sample = ro.training ? f.forward + f.backward : f.forward;
   const bool lowp = cfg.precision != Precision::fp32 && cfg.precision != Precision::tf32;
   t.peak_flops =

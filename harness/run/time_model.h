@@ -24,7 +24,7 @@ class Model;
 
 struct TimeModel {
   std::string gpu;              // the table's name
-  int gpus = 1;                 // data-parallel ranks, one GPU each
+  int gpus = 1;                 // tp × dp ranks, one GPU each
   double step_s = 0;            // one optimizer step (its slowest rank: rank 0)
   bool language_model = false;  // tokens (GPT, Llama) or samples (MLP, CNN)
   std::int64_t samples_per_step = 0, tokens_per_step = 0;  // every rank's

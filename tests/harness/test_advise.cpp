@@ -11,6 +11,7 @@
 #include "harness/common/bad_input.h"
 #include "harness/run/advise.h"
 #include "harness/run/estimate.h"
+#include "kernels/gpu_specs.h"
 #include "models/train/saved_tensors.h"
 
 namespace memtrade {
@@ -393,6 +394,173 @@ TEST(AdviseCli, BadInputIsOneLineAndExit2) {
     EXPECT_EQ(r.rc, 2) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
   }
+}
+
+// ---- on a GPU of the table: the time model prices every point ---------------------------------
+
+// Every flag of a config, as `memtrade run` / `estimate` take them.
+std::string flags_of(const TrainConfig& c) {
+  std::string flags;
+  for (const Knob& k : knobs()) flags += fmt::format(" {} '{}'", k.flag, k.get(c));  // '' too
+  return flags;
+}
+
+TEST(AdviseGpu, PickFitsTheCardAndItsTimeModelIsEstimates) {
+  // gpt-mini, 8 samples a step, on two thirds of its peak: advise must turn knobs; the pick fits,
+  // and its time model is `estimate --gpu` of the same configuration, to the last digit.
+  TrainConfig start = start_of("gpt-mini", 8);
+  const std::int64_t cap = estimate_memory(start, Backend::cuda, 0).peak_allocated * 2 / 3;
+  CliResult r = run_cli(fmt::format(
+      "advise --model gpt-mini --global-batch 8 --gpu h100 --capacity {}B --margin 0 --json", cap));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["gpu"], "h100");
+  EXPECT_EQ(j["gpus"], 1);
+  EXPECT_EQ(j["backend"], "cuda");
+  EXPECT_EQ(j["cost_model"]["kind"], "time-model");
+  const json& rec = j["recommended"];
+  ASSERT_TRUE(rec.is_object());
+  EXPECT_TRUE(rec["fits"].get<bool>());
+  EXPECT_LE(rec["predicted_reserved"].get<std::int64_t>(), cap);
+  EXPECT_NE(rec["id"], j["start"]["id"]);  // it had to turn something
+  const TrainConfig c = config_from_json(rec["config"]);
+  EXPECT_TRUE(estimate_memory(c, Backend::cuda, static_cast<std::size_t>(cap)).fits);
+  for (const json& p : j["frontier"]) EXPECT_TRUE(p.contains("time_model")) << p["id"];
+  const json& tm = rec["time_model"];
+  EXPECT_EQ(tm["gpu"], "h100");
+  EXPECT_DOUBLE_EQ(tm["step_s"].get<double>(), rec["predicted_step_s"].get<double>());
+  CliResult e = run_cli("estimate --json --gpu h100" + flags_of(c));
+  ASSERT_EQ(e.rc, 0) << e.err;
+  json est = json::parse(e.out)["points"][0]["time_model"];
+  EXPECT_EQ(est, tm);
+  // Throughput per GPU, in tokens for a language model, with its MFU.
+  EXPECT_GT(tm["tokens_per_s_per_gpu"].get<double>(), 0);
+  EXPECT_GT(tm["mfu"].get<double>(), 0);
+  EXPECT_LT(tm["mfu"].get<double>(), 1);
+  // Every explanation names the card.
+  for (const json& x : rec["explanation"])
+    EXPECT_NE(x["text"].get<std::string>().find("on h100"), std::string::npos) << x["text"];
+}
+
+TEST(AdviseGpu, TheCapacityIsTheCardsMemoryAndTheTextShowsTokensAndMfu) {
+  CliResult r = run_cli("advise --model gpt-tiny --gpu a100-40g --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["capacity"].get<std::size_t>(),
+            static_cast<std::size_t>(find_gpu("a100-40g")->memory_gib * static_cast<double>(GiB)));
+  EXPECT_TRUE(j["start"]["fits"].get<bool>());  // gpt-tiny fits 40 GiB as given
+  EXPECT_TRUE(j["recommended"]["fits"].get<bool>());
+  CliResult t = run_cli("advise --model gpt-tiny --gpu a100-40g");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_NE(t.out.find("tok/s/GPU"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("MFU"), std::string::npos) << t.out;
+  // MLP and CNN keep samples.
+  CliResult m = run_cli("advise --model mlp-tiny --gpu a100-40g");
+  ASSERT_EQ(m.rc, 0) << m.err;
+  EXPECT_EQ(m.out.find("tok/s"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find("samples/s"), std::string::npos) << m.out;
+}
+
+TEST(AdviseGpu, GpusSearchesTensorAndDataParallelLayouts) {
+  // llama-tiny: 4 heads, 2 KV heads. On 8 GPUs of an 8-GPU NVLink domain, tp 4 and 8 split the
+  // KV heads unevenly and are refused by the model: tp 1 × dp 8 and tp 2 × dp 4 remain.
+  TrainConfig start = start_of("llama-tiny", 1);
+  start.data_parallel = 8;
+  resolve_config(start);
+  const AdviseSpace space = advise_space(start, {}, {}, Backend::cuda, ParallelSearch{8, 8});
+  std::set<std::pair<std::int64_t, std::int64_t>> layouts;
+  std::set<std::string> shardings;
+  bool sp_on = false;
+  for (const TrainConfig& c : space.configs) {
+    EXPECT_EQ(c.tensor_parallel * c.data_parallel, 8) << point_id(c);
+    EXPECT_EQ(samples_per_step(c), 8) << point_id(c);
+    layouts.insert({c.tensor_parallel, c.data_parallel});
+    shardings.insert(std::string(sharding_name(c.sharding)));
+    if (c.sequence_parallel == SequenceParallel::on) {
+      sp_on = true;
+      EXPECT_GT(c.tensor_parallel, 1) << point_id(c);
+    }
+  }
+  EXPECT_EQ(layouts, (std::set<std::pair<std::int64_t, std::int64_t>>{{1, 8}, {2, 4}}));
+  EXPECT_EQ(shardings.size(), sharding_names().size());
+  EXPECT_TRUE(sp_on);
+  for (const char* axis : {"data_parallel", "sharding", "tensor_parallel", "sequence_parallel"})
+    EXPECT_NE(std::find(space.axes.begin(), space.axes.end(), axis), space.axes.end()) << axis;
+  // tp stays inside the NVLink domain: with a domain of 1 only tp 1 remains.
+  for (const TrainConfig& c :
+       advise_space(start, {}, {}, Backend::cuda, ParallelSearch{8, 1}).configs)
+    EXPECT_EQ(c.tensor_parallel, 1);
+  // One GPU: the layout rows stay as given.
+  TrainConfig one = start_of("llama-tiny", 8);
+  for (const TrainConfig& c : advise_space(one, {}, {}, Backend::cuda).configs)
+    EXPECT_EQ(c.tensor_parallel * c.data_parallel, 1);
+
+  // End to end: every point on 8 GPUs, priced per GPU.
+  CliResult r = run_cli("advise --model llama-tiny --gpu h100 --gpus 8 --global-batch 8 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["gpus"], 8);
+  EXPECT_EQ(j["values"]["tensor_parallel"], (json{"1", "2"}));
+  EXPECT_EQ(j["values"]["data_parallel"], (json{"8", "4"}));
+  for (const json& p : j["frontier"]) EXPECT_EQ(p["time_model"]["gpus"], 8) << p["id"];
+  // Explanations compare layouts of the same 8 GPUs: tp and dp revert together.
+  const TrainConfig to = config_from_json(j["recommended"]["config"]);
+  for (const auto& group : turned_groups(config_from_json(j["start"]["config"]), to, true)) {
+    TrainConfig without = to;
+    for (const std::string& a : group) set_knob(without, knob(a), knob(a).get(start));
+    EXPECT_EQ(without.tensor_parallel * without.data_parallel, 8) << fmt::format("{}", group[0]);
+  }
+}
+
+TEST(AdviseGpu, BadInputIsOneLineAndExit2) {
+  for (const char* args : {
+           "--model gpt-tiny --gpu h9000",                             // not in the table
+           "--model gpt-tiny --gpu h100 --backend cpu",                // a CUDA card
+           "--model gpt-tiny --capacity 1GiB --gpus 8",                // --gpus without --gpu
+           "--model gpt-tiny --gpu h100 --gpus 0",                     // no GPUs
+           "--model llama-tiny --gpu h100 --gpus 8 --tp 3",            // 8 is not a multiple of 3
+           "--model llama-tiny --gpu h100 --gpus 8 --dp 2",            // 2 × tp 1 is not 8
+           "--model llama-tiny --gpu h100 --gpus 8 --tp 8",            // the KV heads cannot split
+           "--model llama-tiny --gpu h100 --gpus 8 --global-batch 4",  // not a sample per rank
+           "--model gpt-tiny --gpu h100 --hold data_parallel",         // kept on one GPU
+           "--model gpt-tiny --gpu h100 --gpus 2 --confirm 1",         // one process per run
+       }) {
+    CliResult r = run_cli(std::string("advise ") + args);
+    EXPECT_EQ(r.rc, 2) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+}
+
+// The time model of a tensor-parallel step: its collectives are priced (on the compute stream,
+// over NVLink), and its rates are per GPU of the tp × dp ranks with the whole model's FLOPs.
+TEST(AdviseGpu, TensorParallelCollectivesArePricedPerGpu) {
+  const GpuSpec* h100 = find_gpu("h100");
+  TrainConfig one = start_of("llama-tiny", 4);
+  TrainConfig two = one;
+  two.tensor_parallel = 2;
+  resolve_config(two);
+  const TimeModel t1 = *estimate_memory(one, Backend::cuda, 0, 1, 0, h100).time;
+  const TimeModel t2 = *estimate_memory(two, Backend::cuda, 0, 1, 0, h100).time;
+  const auto comm = static_cast<std::size_t>(TimeShare::comm);
+  EXPECT_EQ(t1.shares[comm], 0.0);  // one GPU: nothing to communicate
+  EXPECT_GT(t2.shares[comm], 0.0);  // tp 2: the row-parallel all-reduces, the vocabulary's
+  EXPECT_EQ(t2.gpus, 2);
+  EXPECT_EQ(t2.model_flops_per_sample, t1.model_flops_per_sample);  // the whole model's
+  EXPECT_EQ(t2.tokens_per_step, t1.tokens_per_step);
+  // Per GPU: the step's tokens over 2 GPUs; MFU from those and the whole model's FLOPs.
+  EXPECT_DOUBLE_EQ(t2.tokens_per_s_per_gpu(),
+                   static_cast<double>(t2.tokens_per_step) / t2.step_s / 2);
+  EXPECT_NEAR(t2.mfu(),
+              static_cast<double>(t2.samples_per_step) * t2.model_flops_per_sample /
+                  (t2.step_s * 2 * t2.peak_flops),
+              1e-12);
+  // Sequence parallelism's all-gathers and reduce-scatters are priced too (in line: a started
+  // collective of a tp group would be waited for by nothing and cost no step time).
+  TrainConfig sp = two;
+  sp.sequence_parallel = SequenceParallel::on;
+  resolve_config(sp);
+  const TimeModel t3 = *estimate_memory(sp, Backend::cuda, 0, 1, 0, h100).time;
+  EXPECT_GT(t3.shares[comm], 0.0);
 }
 
 // A model measured on the CPU and used for CUDA keeps no falling stretch of the CPU's rate curve

@@ -130,14 +130,14 @@ TEST(StepClock, StartedCollectivesOverlapUntilWaitedFor) {
   const GpuSpec& a100 = gpu("a100-80g");
   StepClock c(a100, {}, 8);
   const double ar = collective_seconds(a100, {}, CollectiveKind::all_reduce, 1e8, 8);
-  c.start_collective(CollectiveKind::all_reduce, 1e8);  // DDP's bucket, during backward
-  c.memory_op(10e9);                                    // the rest of backward: longer
+  c.start_collective(CollectiveKind::all_reduce, 1e8, 8);  // DDP's bucket, during backward
+  c.memory_op(10e9);                                       // the rest of backward: longer
   const double compute = c.now(StreamKind::compute);
   ASSERT_GT(compute, ar);
   c.wait_collectives();
   EXPECT_NEAR(c.elapsed(), compute, 1e-12);  // hidden
   c.reset();
-  c.collective(CollectiveKind::all_reduce, 1e8);  // in line: adds
+  c.collective(CollectiveKind::all_reduce, 1e8, 8);  // in line: adds
   EXPECT_NEAR(c.elapsed(), ar, 1e-12);
   EXPECT_NEAR(c.shares()[static_cast<std::size_t>(TimeShare::comm)], ar, 1e-12);
 }

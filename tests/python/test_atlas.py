@@ -41,7 +41,7 @@ def run_atlas(memtrade_bin, out, work, *args):
 def page(memtrade_bin, tmp_path_factory):
     d = tmp_path_factory.mktemp("atlas")
     r = run_atlas(memtrade_bin, d / "docs", d / "work", "--models", "gpt2-124m,llama3.2-1b",
-                  "--seq-lens", "1024,2048", "--cards", "24GiB,80GiB")
+                  "--seq-lens", "1024,2048", "--cards", "24GiB,80GiB", "--gpu", "h100")
     assert r.returncode == 0, r.stderr
     return d
 
@@ -148,10 +148,41 @@ def test_fit_columns_are_memtrade_fit(page, memtrade_bin, tmp_path):
     assert int(row[head.index("24GiB card")]) == fit["max_batch"] > 0
 
 
+def test_tensor_parallel_table_is_the_estimates_per_rank(page, memtrade_bin):
+    text = (page / "docs" / "atlas.md").read_text()
+    cap = next(l for l in text.splitlines() if l.startswith("**Table") and "throughput" in l)
+    head, rows = table(text, cap)
+    got = {(r[0], r[1], r[2]): r for r in rows}
+    # gpt2-124m's 12 heads split over 1, 2 and 4 GPUs, not 8; Llama 3.2 1B's 32 heads and 8 KV
+    # heads over all four.
+    assert {k[2] for k in got if k[:2] == ("gpt2-124m", "1024")} == {"1", "2", "4"}
+    assert {k[2] for k in got if k[:2] == ("llama3.2-1b", "2048")} == {"1", "2", "4", "8"}
+    gib = lambda cell: float(cell.split()[0])  # noqa: E731
+    for m, s in [("gpt2-124m", "1024"), ("llama3.2-1b", "2048")]:
+        peaks = [gib(got[m, s, t][head.index("peak, SP off")]) for t in ("1", "2", "4")]
+        assert peaks == sorted(peaks, reverse=True)  # more ranks, less per rank
+        on = gib(got[m, s, "2"][head.index("peak, SP on")])
+        assert on <= peaks[1]  # SP splits what tp 2 leaves replicated (with every block
+        # checkpointed little is left: gpt2-124m at 1024 tokens keeps 1.23 GiB either way)
+    # The cells are `estimate`'s own: llama3.2-1b at 2048 tokens, tp 4, SP on.
+    r = subprocess.run([memtrade_bin, "estimate", "--backend", "cuda", "--model", "llama3.2-1b",
+                        "--seq-len", "2048", "--precision", "bf16", "--optimizer", "adamw",
+                        "--checkpoint", "1", "--attention", "flash", "--tp", "4",
+                        "--sequence-parallel", "on", "--batch-size", "1", "--gpu", "h100", "--json"],
+                       check=True, capture_output=True, text=True)
+    (p,) = json.loads(r.stdout)["points"]
+    row = got["llama3.2-1b", "2048", "4"]
+    assert row[head.index("peak, SP on")] == R.gib(p["peak_allocated"])
+    t = p["time_model"]
+    assert row[head.index("(SP on)")] == f"{R.rate(t['tokens_per_s_per_gpu'])}, {100 * t['mfu']:.1f}%"
+    assert t["gpus"] == 4 and t["shares"]["comm"] > 0  # the tp collectives are priced
+
+
 @pytest.mark.parametrize("args, words", [
     (["--models", "gpt2-nonesuch"], "gpt2-nonesuch"),
     (["--cards", "24GB"], "GiB"),
     (["--seq-lens", "1k"], "--seq-lens"),
+    (["--models", "gpt2-124m", "--seq-lens", "1024", "--gpu", "h9000"], "h9000"),
 ])
 def test_bad_input_is_one_line_and_exit_2(memtrade_bin, tmp_path, args, words):
     r = run_atlas(memtrade_bin, tmp_path / "docs", tmp_path / "work", *args)

@@ -480,6 +480,30 @@ def test_advise_chart_from_real_output(memtrade_bin, tmp_path):
     assert r.returncode == 2
 
 
+def test_advise_chart_on_a_gpu_shows_tokens_per_gpu_and_mfu(memtrade_bin, tmp_path):
+    """A language model's throughput is tokens/s per GPU with its MFU (the time model's); an MLP's
+    stays samples/s."""
+    from reports import advise as ADV
+    out = subprocess.run([memtrade_bin, "advise", "--model", "gpt-tiny", "--gpu", "h100", "--gpus", "2",
+                          "--global-batch", "8", "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    chart = ADV.frontier(doc, tmp_path, ["png"])
+    assert chart.headers[2:4] == ["tok/s/GPU", "MFU"]
+    seq = doc["start"]["config"]["hyper"]["seq_len"]
+    for row, p in zip(chart.rows, doc["frontier"]):
+        t = p["time_model"]
+        assert t["gpus"] == 2 and row[3] == f"{100 * t['mfu']:.1f}%"
+        assert ADV.throughput(doc, p) == pytest.approx(t["tokens_per_s_per_gpu"], rel=1e-12)
+        assert ADV.throughput(doc, p) == pytest.approx(p["predicted_samples_per_s"] / 2 * seq, rel=1e-12)
+    assert "time model of h100" in ADV.throughput_label(doc)
+    mlp = json.loads(subprocess.run([memtrade_bin, "advise", "--model", "mlp-tiny", "--gpu", "h100", "--json"],
+                                    capture_output=True, text=True, check=True).stdout)
+    assert ADV.throughput_unit(mlp) == "samples/s"
+    assert ADV.throughput(mlp, mlp["start"]) == mlp["start"]["predicted_samples_per_s"]
+
+
 def test_seq_len_curve_measured_and_predicted(tmp_path):
     """Points differing only in seq_len make lines (x = the tokens actually trained, from hyper);
     estimate documents make the predicted panel; math and flash are separate lines."""

@@ -106,3 +106,15 @@ def test_advise_validates(memtrade_bin, tmp_path):
     bad["recommended"]["fits"] = False
     with pytest.raises(jsonschema.ValidationError):
         validate("advise", bad)
+
+
+def test_advise_on_a_gpu_validates(memtrade_bin):
+    doc = json.loads(run(memtrade_bin, "advise", "--model", "gpt-tiny", "--gpu", "h100", "--gpus", "2",
+                         "--global-batch", "8", "--json"))
+    validate("advise", doc)
+    assert doc["gpu"] == "h100" and doc["gpus"] == 2 and doc["cost_model"]["kind"] == "time-model"
+    assert all(p["time_model"]["gpus"] == 2 for p in doc["frontier"])
+    bad = json.loads(json.dumps(doc))
+    del bad["cost_model"]["gpu"]  # a time model names its card
+    with pytest.raises(jsonschema.ValidationError):
+        validate("advise", bad)
