@@ -9,6 +9,22 @@ bool fused(const LlamaMlp& m) {
   return m.gate_up_proj.weight >= 0;
 }
 
+// The gating: SwiGLU, or Gemma 2's GeGLU.
+void glu_forward(LayerCtx& c, Tensor& h, const Tensor& gate, const Tensor& up, const LlamaMlp& m) {
+  if (m.gelu)
+    c.ops().geglu_forward(h, gate, up);
+  else
+    c.ops().swiglu_forward(h, gate, up);
+}
+// dgate holds d h on entry (the gating's output gradient) and d gate on return.
+void glu_backward(LayerCtx& c, Tensor& dgate, Tensor& dup, const Tensor& gate, const Tensor& up,
+                  const LlamaMlp& m) {
+  if (m.gelu)
+    c.ops().geglu_backward(dgate, dup, dgate, gate, up);
+  else
+    c.ops().swiglu_backward(dgate, dup, dgate, gate, up);
+}
+
 // Phi-3: the halves of the saved (N, 2I) gate_up as two (N, I) temporaries.
 std::pair<Tensor, Tensor> split_gate_up(LayerCtx& c, const Tensor& gu) {
   const std::int64_t N = gu.dim(0), I = gu.dim(1) / 2;
@@ -33,7 +49,7 @@ Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
     c.keep("mlp.inp", std::move(inp));
     auto [gate, up] = split_gate_up(c, gu);
     h = c.act_tensor({N, I2 / 2}, c.out_dtype(Op::swiglu, gate));
-    c.ops().swiglu_forward(h, gate, up);
+    glu_forward(c, h, gate, up, m);
     c.keep("mlp.gate_up", std::move(gu));
   } else {
     const std::int64_t I = c.weight(m.gate_proj.weight).dim(0);  // this rank's I / tp
@@ -50,7 +66,7 @@ Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
     N = gate.dim(0);
     c.keep("mlp.inp", std::move(inp));
     h = c.act_tensor({N, I}, c.out_dtype(Op::swiglu, gate));  // (N, I)
-    c.ops().swiglu_forward(h, gate, up);
+    glu_forward(c, h, gate, up, m);
     c.keep("mlp.gate", std::move(gate));
     c.keep("mlp.up", std::move(up));
   }
@@ -72,7 +88,7 @@ Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m) {
     auto [gate, up] = split_gate_up(c, gu);
     Tensor dgate = c.grad_as(std::move(dh), c.out_dtype(Op::swiglu, gate));
     Tensor dup = c.temp_like(up);
-    c.ops().swiglu_backward(dgate, dup, dgate, gate, up);
+    glu_backward(c, dgate, dup, gate, up, m);
     gate.reset();
     up.reset();
     Tensor dgu = c.temp_like(gu);  // (N, 2I): the halves side by side, as chunk's backward
@@ -89,7 +105,7 @@ Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m) {
   // d h, then d gate in place (the SwiGLU output has gate's dtype); d up beside it.
   Tensor dgate = c.grad_as(std::move(dh), c.out_dtype(Op::swiglu, gate));
   Tensor dup = c.temp_like(up);
-  c.ops().swiglu_backward(dgate, dup, dgate, gate, up);
+  glu_backward(c, dgate, dup, gate, up, m);
 
   Tensor gathered;
   const Tensor& x = enter_column_parallel(c, inp, gathered, Category::temporaries);
