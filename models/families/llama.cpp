@@ -182,6 +182,9 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
     b.mlp.down_proj = {down, row_bias(cfg_.mlp_bias, "mlp.down_proj.bias", C)};
     b.norm_1 = norm(p + "input_layernorm", "input_layernorm", i);
     if (cfg_.gemma_norms) {  // Gemma2DecoderLayer's order of registration
+      // The branches' outputs are the post-norms' saved inputs (under autocast their fp32 casts
+      // are, and the 16-bit outputs go once cast: models/families/decoder.cpp).
+      b.attn.output_saved = b.mlp.output_saved = true;
       b.norm_2 = norm(p + "pre_feedforward_layernorm", "pre_feedforward_layernorm", i);
       b.post_2 = norm(p + "post_feedforward_layernorm", "post_feedforward_layernorm", i);
       b.post_1 = norm(p + "post_attention_layernorm", "post_attention_layernorm", i);

@@ -140,7 +140,8 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
   y.reshape({B * T, Y});
   y = c.cast_input(Op::linear, std::move(y));
   // (B·T, C): added into the residual by the block
-  Tensor out = c.temp({B * T, C}, c.out_dtype(Op::linear, y));
+  const DType out_dtype = c.out_dtype(Op::linear, y);
+  Tensor out = a.output_saved ? c.act_tensor({B * T, C}, out_dtype) : c.temp({B * T, C}, out_dtype);
   row_parallel_forward(c, out, y, a.c_proj);  // this rank's tokens under SP
   c.keep("attn.y", std::move(y));
   return out;

@@ -66,10 +66,11 @@ struct CausalSelfAttention {
   std::optional<RopeConfig> rope;  // Llama: rotary embeddings on q and k
   std::optional<QkNorm> qk_norm;   // Qwen3: per-head RMSNorm of q and k before the rotation
   AttentionScores scores{};        // Gemma 2: query_pre_attn_scalar's scale, soft-capping
+  bool output_saved = false;       // Gemma 2: the output is an activation its post-norm keeps
 };
 
 // inp (B·T, C), moved in (it is saved as c_attn's input, cast to its input dtype first) ->
-// returns (B·T, C), a temporary.
+// returns (B·T, C), a temporary (an activation with output_saved).
 Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T,
                          const CausalSelfAttention& a);
 // dout (B·T, C) -> returns dL/dinp (B·T, C), a temporary in c_attn's input dtype.

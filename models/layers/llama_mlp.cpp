@@ -72,7 +72,8 @@ Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
   }
   h = c.cast_input(Op::linear, std::move(h));
   // (N, C): added into the residual (this rank's tokens under SP); down_proj is row-parallel
-  Tensor out = c.temp({N, C}, c.out_dtype(Op::linear, h));
+  const DType out_dtype = c.out_dtype(Op::linear, h);
+  Tensor out = m.output_saved ? c.act_tensor({N, C}, out_dtype) : c.temp({N, C}, out_dtype);
   row_parallel_forward(c, out, h, m.down_proj);
   c.keep("mlp.h", std::move(h));
   return out;

@@ -31,10 +31,11 @@ struct LlamaMlp {
   Linear down_proj;
   Linear gate_up_proj;  // Phi-3: one (2I, C) weight; when set, gate_proj and up_proj are unused
   bool gelu = false;    // Gemma 2: GeGLU, gelu_pytorch_tanh(gate) · up (Ops::geglu_*)
+  bool output_saved = false;  // Gemma 2: the output is an activation its post-norm keeps
 };
 
 // inp (N, C), moved in (saved as gate_proj's and up_proj's input, cast to their input dtype
-// first) -> returns (N, C), a temporary.
+// first) -> returns (N, C), a temporary (an activation with output_saved).
 Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m);
 // dout (N, C) -> returns dL/dinp (N, C), a temporary in gate_proj's input dtype.
 Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m);

@@ -345,7 +345,9 @@ def eager_extra(hyper, batch):
         (2·(NH + NKV)·head_dim per token per layer);
       - Gemma 2 (modeling_gemma2.py): GeGLU's gelu(gate) as SwiGLU's silu(gate); its two more
         norms per layer with two (T, C) extras each, every Gemma2RMSNorm's (1 + w) (C), computed
-        on each call and saved by the multiply, and the embedding's normalizer (a 0-dim tensor).
+        on each call and saved by the multiply, the embedding's normalizer (a 0-dim tensor), the
+        rotary tables of every layer (Gemma2Attention owns its rotary_emb), and the 0-dim
+        float64 tensors of the scale and the caps that the multiplies and divisions save.
         The soft-caps' tanh outputs are saved on both sides (memtrade's attn.tanh and
         softcap.out)."""
     import saved_bytes
@@ -361,6 +363,11 @@ def eager_extra(hyper, batch):
         extra += 4 * (4 * L + 1) * C  # each norm's (1 + w) (C), made per call, saved by the mul
     if hyper.get("embed_scale"):
         extra += 4  # the normalizer, a 0-dim fp32 tensor the embedding's multiply saves
+    if hyper.get("architecture") == "Gemma2ForCausalLM":
+        extra += 4 * 2 * T * hd * (L - 1)  # each Gemma2Attention's own rotary tables
+        # The Python floats of `* scaling`, `/ cap` and `* cap`, 0-dim float64 tensors the
+        # multiplies and divisions save: per attention layer, and at the logits.
+        extra += 8 * (L * (1 + 2 * (hyper["attn_softcap"] > 0)) + 2 * (hyper["final_softcap"] > 0))
     return extra
 
 
