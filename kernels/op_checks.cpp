@@ -382,8 +382,8 @@ AttentionDims check_attention_backward(const Tensor& dqkv, const Tensor& dout, c
   return d;
 }
 
-void check_attention_scores(std::string_view op, const AttentionScores& scores,
-                            const Tensor* tanh, const Tensor& att, const Tensor& qkv) {
+void check_attention_scores(std::string_view op, const AttentionScores& scores, const Tensor* tanh,
+                            const Tensor& att, const Tensor& qkv) {
   if (!(scores.scale >= 0.0f) || !std::isfinite(scores.scale) || !(scores.softcap >= 0.0f) ||
       !std::isfinite(scores.softcap))
     fail(op, "scale {} and softcap {} must be finite and >= 0", scores.scale, scores.softcap);

@@ -119,8 +119,8 @@ AttentionDims check_attention_backward(const Tensor& dqkv, const Tensor& dout, c
 
 // The scores of math attention (kernels/ops.h AttentionScores): scale and softcap finite and
 // >= 0; with softcap > 0 a tanh tensor shaped as att in qkv's dtype, without it none.
-void check_attention_scores(std::string_view op, const AttentionScores& scores,
-                            const Tensor* tanh, const Tensor& att, const Tensor& qkv);
+void check_attention_scores(std::string_view op, const AttentionScores& scores, const Tensor* tanh,
+                            const Tensor& att, const Tensor& qkv);
 
 // Largest head dimension of flash attention: its CUDA tiles keep rows of hd fp32 values in
 // shared memory, and the CPU's per-thread tiles are on the stack.

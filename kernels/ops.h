@@ -188,8 +188,7 @@ class Ops {
                                  Tensor* tanh_out = nullptr) = 0;
   // Only the probabilities, for recompute in backward (selective checkpointing).
   virtual void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
-                               const AttentionScores& scores = {},
-                               Tensor* tanh_out = nullptr) = 0;
+                               const AttentionScores& scores = {}, Tensor* tanh_out = nullptr) = 0;
   // dqkv overwritten, from dout (B, T, NH·hd), qkv and the saved att; dk and dv of a kv head are
   // the sums over its NH/NKV query heads, accumulated in fp32 and rounded once. Scratch on every
   // backend: dP (NH, T, T) in qkv's dtype (Category::temporaries), reused across sequences.
@@ -332,8 +331,7 @@ class Ops {
   // once to out's dtype; any float dtypes, out may alias inp. No scratch.
   virtual void softcap_forward(Tensor& out, const Tensor& inp, float cap) = 0;
   // From the forward's output: dinp = dout · (1 − (out / cap)²); dinp may alias dout or out.
-  virtual void softcap_backward(Tensor& dinp, const Tensor& dout, const Tensor& out,
-                                float cap) = 0;
+  virtual void softcap_backward(Tensor& dinp, const Tensor& dout, const Tensor& out, float cap) = 0;
 
   // ---- mixed precision and optimizers --------------------------------------------------------
   // g *= inv_scale for every tensor; returns true if any element was inf or nan (synchronises).

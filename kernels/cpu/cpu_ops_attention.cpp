@@ -138,7 +138,7 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int
       float* row = p + t * tt;
       const std::int64_t n = t + 1;
       round_to(qkv.dtype(), row, n);  // the scores, as CUDA's GEMM writes them
-      if (tanh_out) {  // masked entries of tanh are 0, as CUDA writes them
+      if (tanh_out) {                 // masked entries of tanh are 0, as CUDA writes them
         softcap_row(row, n, scores.softcap, *tanh_out, att_off + t * tt, qkv.dtype());
         static const float kZeros[kChunk] = {};
         for (std::int64_t j = n; j < tt; j += kChunk)

@@ -1,6 +1,6 @@
-// Element-wise ops: fill, cast, add, scale, GELU, ReLU, SwiGLU, GeGLU, soft-capping. Chunked so that each chunk is read
-// into fp32 (in place for F32), transformed, and rounded back to the output's dtype; the
-// exp-based activations run kernels/cpu/cpu_vec.h's vector loops.
+// Element-wise ops: fill, cast, add, scale, GELU, ReLU, SwiGLU, GeGLU, soft-capping. Chunked so
+// that each chunk is read into fp32 (in place for F32), transformed, and rounded back to the
+// output's dtype; the exp-based activations run kernels/cpu/cpu_vec.h's vector loops.
 #include <algorithm>
 #include <cmath>
 

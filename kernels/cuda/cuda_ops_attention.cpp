@@ -48,8 +48,7 @@ GemmDesc head_gemm(DType d, const Dims& dm, std::int64_t m, std::int64_t n, std:
 }  // namespace
 
 void CudaOps::attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
-                             std::string_view op, const AttentionScores& scores,
-                             Tensor* tanh_out) {
+                             std::string_view op, const AttentionScores& scores, Tensor* tanh_out) {
   const Dims d = check_attention_forward(op, out, att, qkv, n_head, n_kv_head);
   check_attention_scores(op, scores, tanh_out, att, qkv);
   if (d.b == 0 || d.t == 0) return;
@@ -168,8 +167,8 @@ void CudaOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor&
     launch_causal_softmax_backward(dp.data(), dt, at(att_.data(), dt, slab), dt, d.nh * tt, tt,
                                    stream_);
     if (tanh_in)  // soft-capping: dS of the raw scores
-      launch_softcap_scores_backward(dp.data(), at(tanh_in->data(), dt, slab), dt,
-                                     d.nh * tt * tt, stream_);
+      launch_softcap_scores_backward(dp.data(), at(tanh_in->data(), dt, slab), dt, d.nh * tt * tt,
+                                     stream_);
     for (std::int64_t r = 0; r < rep; ++r) {
       {  // dq[b, :, h] (T, hd) = scale · dS[h] (T, T) · k[b, :, g] (T, hd)
         GemmDesc g = head_gemm(dt, d, tt, d.hd, tt);

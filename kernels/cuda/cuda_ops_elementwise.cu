@@ -1,7 +1,8 @@
-// Element-wise ops (fill, cast, add, scale, GELU, ReLU, SwiGLU, GeGLU, soft-capping) and the small launchers other files
-// share (casts, gradient stores, bias adds). Each thread handles 4 consecutive elements with one
-// vector load per operand (16 B for fp32, 8 B for 16-bit) when every pointer is aligned for it —
-// always, for tensors from the caching allocator — and a scalar tail covers n % 4.
+// Element-wise ops (fill, cast, add, scale, GELU, ReLU, SwiGLU, GeGLU, soft-capping) and the small
+// launchers other files share (casts, gradient stores, bias adds). Each thread handles 4
+// consecutive elements with one vector load per operand (16 B for fp32, 8 B for 16-bit) when every
+// pointer is aligned for it — always, for tensors from the caching allocator — and a scalar tail
+// covers n % 4.
 #include <algorithm>
 #include <cstdint>
 
@@ -153,7 +154,7 @@ __global__ void swiglu_bwd_any_kernel(AnyOut dgate, AnyOut dup, AnyIn dout, AnyI
 
 // GeGLU (Gemma2MLP): gelu(g)·u with Gelu's tanh form; backward as swiglu's, one dtype or any.
 struct GeluMul {  // (gate, up)
-  __device__ float operator()(float g, float u) const { return Gelu{}(g) * u; }
+  __device__ float operator()(float g, float u) const { return Gelu{}(g)*u; }
 };
 
 template <typename T>

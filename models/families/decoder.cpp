@@ -222,8 +222,8 @@ void DecoderModel<Norm, Mlp>::block_backward(LayerCtx& c, int block, Tensor& dre
   const Tensor& x1 = c.get("x1");
   Tensor dm;  // d(mlp output), through post_2 when there is one
   if (b.post_2) dm = post_norm_backward(c, dres, c.out_dtype(Op::linear, x1), *b.post_2);
-  Tensor dh2 = c.grad_as(mlp_backward(c, b.post_2 ? dm : dres, b.mlp),
-                         c.out_dtype(norm_op(b.norm_2), x1));
+  Tensor dh2 =
+      c.grad_as(mlp_backward(c, b.post_2 ? dm : dres, b.mlp), c.out_dtype(norm_op(b.norm_2), x1));
   dm.reset();
   norm_backward_add(c, dres, dh2, x1, b.norm_2);
   dh2.reset();

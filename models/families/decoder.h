@@ -132,7 +132,7 @@ class DecoderModel : public BlockModel {
   Embedding embedding_;
   std::vector<Block> blocks_;
   Norm norm_f_;
-  Linear head_;  // lm_head, or the embedding's wte when tied
+  Linear head_;                 // lm_head, or the embedding's wte when tied
   float final_softcap_ = 0.0f;  // Gemma 2's final_logit_softcapping: logits = cap·tanh(l / cap)
 
  private:

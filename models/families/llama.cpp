@@ -90,8 +90,8 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
   // gate, up) in one weight, and Qwen3's per-head q/k norms are replicated weights whose
   // gradients differ per rank (each rank normalises its own heads): neither is modelled yet.
   for (const auto& [key, v] : {std::pair{"query_pre_attn_scalar", cfg_.query_pre_attn_scalar},
-                                {"attn_softcap", cfg_.attn_softcap},
-                                {"final_softcap", cfg_.final_softcap}})
+                               {"attn_softcap", cfg_.attn_softcap},
+                               {"final_softcap", cfg_.final_softcap}})
     if (!(v >= 0.0) || !std::isfinite(v))
       throw bad(fmt::format("{} {} must be finite and at least 0 (0: none)", key, v));
   // Gemma 2's soft-capped logits and sandwich norms are not split over tp ranks yet.

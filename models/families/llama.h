@@ -1,6 +1,6 @@
 // Llama (HF transformers' LlamaForCausalLM), and the families that are it with another mapping
-// of their config.json (models/config/hf_config.h: Qwen2, Mistral, Phi-3, Qwen3, Gemma 2): token embedding (no
-// positions), n_layer decoder layers (x += self_attn(input_layernorm(x)); x +=
+// of their config.json (models/config/hf_config.h: Qwen2, Mistral, Phi-3, Qwen3, Gemma 2): token
+// embedding (no positions), n_layer decoder layers (x += self_attn(input_layernorm(x)); x +=
 // mlp(post_attention_layernorm(x))), a final RMSNorm and lm_head, untied or tied to embed_tokens
 // (tie_word_embeddings). Attention is grouped-query (n_kv_head key/value heads shared by n_head /
 // n_kv_head query heads each, HF's repeat_kv) with rotary position embeddings on q and k

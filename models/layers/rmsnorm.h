@@ -21,9 +21,9 @@
 namespace memtrade {
 
 struct RmsNorm {
-  ParamIndex weight = -1;  // (C)
-  std::string key;         // save prefix: "input_layernorm" -> "input_layernorm.rstd"
-  float eps = 1e-5f;       // rms_norm_eps
+  ParamIndex weight = -1;    // (C)
+  std::string key;           // save prefix: "input_layernorm" -> "input_layernorm.rstd"
+  float eps = 1e-5f;         // rms_norm_eps
   bool unit_offset = false;  // Gemma2RMSNorm: (x·rstd)·(1 + w) in fp32 (kernels/ops.h)
 };
 

@@ -112,8 +112,8 @@ TEST_P(CudaGemma, AllocateAsTheCpuAndTheDryRun) {
         op.rmsnorm_forward(at(y, g), at(rstd, g), at(x, g), at(w, g), 1e-6f, true);
       },
       [&](Ops& op, bool g) {
-        op.rmsnorm_backward(at(dx, g), &at(dw, g), at(y, g), at(x, g), at(w, g), at(rstd, g),
-                            true, true);
+        op.rmsnorm_backward(at(dx, g), &at(dw, g), at(y, g), at(x, g), at(w, g), at(rstd, g), true,
+                            true);
       },
       [&](Ops& op, bool g) { op.geglu_forward(at(y, g), at(x, g), at(dx, g)); },
       [&](Ops& op, bool g) {

@@ -206,8 +206,8 @@ INSTANTIATE_TEST_SUITE_P(Baselines, EstimateGemma2, ::testing::Values("fp32", "b
 TEST(EstimateGemma2Refusals, FlashAndTensorParallelism) {
   testing::TempDir dir;
   testing::write_file(dir.file("gemma2-tiny.json"), kTinyGemma2);
-  const std::string base = "estimate --seq-len 16 --batch-size 1 --model-config " +
-                           dir.file("gemma2-tiny.json");
+  const std::string base =
+      "estimate --seq-len 16 --batch-size 1 --model-config " + dir.file("gemma2-tiny.json");
   const testing::CliResult ok = testing::run_cli(base);
   EXPECT_EQ(ok.rc, 0) << ok.err;
   for (const auto& [flags, says] :

@@ -407,11 +407,13 @@ def test_the_hf_comparison_can_fail(memtrade_bin, tmp_path):
         hf_step(out, meta, qwen)  # missing q/k/v biases
 
 
-def test_a_window_shorter_than_the_sequence_is_refused(memtrade_bin, tmp_path):
-    """HF's Mistral bands its mask to the last sliding_window keys; memtrade has no banded mask
-    yet, so a window that would cut (shorter than --seq-len) is one line and exit 2, naming it."""
+@pytest.mark.parametrize("case", ["mistral", "gemma2"])
+def test_a_window_shorter_than_the_sequence_is_refused(memtrade_bin, tmp_path, case):
+    """HF's Mistral bands its mask to the last sliding_window keys (Gemma 2 on its even layers);
+    memtrade has no banded mask yet, so a window that would cut (shorter than --seq-len) is one
+    line and exit 2, naming it."""
     import subprocess
-    config = dict(CASES["mistral"], sliding_window=8)
+    config = dict(CASES[case], sliding_window=8)
     (tmp_path / "config.json").write_text(json.dumps(config))
     run = subprocess.run([memtrade_bin, "step", "--backend", "cpu", "--model-config",
                           str(tmp_path / "config.json"), "--seq-len", "16", "--batch-size", "1"],
