@@ -172,9 +172,9 @@ TEST(HfConfig, Gemma2) {
   EXPECT_EQ(g.attn_softcap, 50);
   EXPECT_EQ(g.final_softcap, 30);
   EXPECT_EQ(g.sliding_window, 4096);
-  for (const char* key : {"head_dim", "query_pre_attn_scalar", "attn_logit_softcapping",
-                          "final_logit_softcapping", "sliding_window", "hidden_act",
-                          "hidden_activation", "attention_bias"})
+  for (const char* key :
+       {"head_dim", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+        "sliding_window", "hidden_act", "hidden_activation", "attention_bias"})
     j.erase(key);
   g = std::get<LlamaConfig>(parse(j));
   EXPECT_EQ(g.hd(), 256);
@@ -193,8 +193,7 @@ TEST(HfConfig, Gemma2) {
   EXPECT_EQ(g.sliding_window, 0);
   EXPECT_TRUE(g.qkv_bias && g.o_bias);
   j["hidden_activation"] = "gelu";
-  EXPECT_EQ(error_of(j),
-            "unsupported hidden_activation \"gelu\" (the MLP is GeGLU, tanh GELU)");
+  EXPECT_EQ(error_of(j), "unsupported hidden_activation \"gelu\" (the MLP is GeGLU, tanh GELU)");
   j.erase("hidden_activation");
   j["attn_logit_softcapping"] = 0;
   EXPECT_EQ(error_of(j), "key 'attn_logit_softcapping' must be a positive number, got 0");
