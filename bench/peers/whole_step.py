@@ -38,9 +38,19 @@ import argparse
 import contextlib
 import itertools
 import json
+import os
 import pathlib
 import sys
 import tempfile
+
+# oneDNN's convolutions block channels by the vector width they run at, and what they keep
+# follows: on an Intel Xeon (family 6 model 167) its AVX-512 kernels keep 68,096 B more in
+# cnn-tiny's b8 step (PyTorch 792,948 B) than its AVX2 kernels (724,852 B), which AMD's Zen 3
+# and Zen 5 also ran (AVX2 by their CPU, or by oneDNN's own dispatch). So that the PyTorch side
+# is the same on every x86 machine CI lands from, oneDNN is capped at AVX2 unless the environment
+# caps it already. oneDNN reads the cap when it makes its first primitive, not at `import torch`:
+# this runs on import, before any step is measured (pytest imports it at collection).
+os.environ.setdefault("DNNL_MAX_CPU_ISA", "AVX2")
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -271,7 +271,19 @@ std::size_t gpu_capacity(const GpuSpec& gpu) {
   return static_cast<std::size_t>(gpu.memory_gib * static_cast<double>(GiB));
 }
 
-int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank, const std::string& gpu_name) {
+// The MoE line of a text estimate: the routing and what the MoE layers saved.
+std::string moe_line(const nlohmann::json& moe) {
+  const nlohmann::json& b = moe.at("saved_bytes");
+  return fmt::format(
+      "moe: routing {}; saved by the MoE layers: router {}, dispatch {}, experts {}, "
+      "shared expert {}",
+      moe.at("routing").get<std::string>(), format_bytes(b.at("router")),
+      format_bytes(b.at("dispatch")), format_bytes(b.at("experts")),
+      format_bytes(b.at("shared_expert")));
+}
+
+int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank, const std::string& gpu_name,
+                 const std::string& moe_routing) {
   const GpuSpec* gpu = gpu_flag(gpu_name, f);
   std::string requested = f.knobs.backend == "auto" ? "cpu" : f.knobs.backend;
   Grid g = grid_for(cmd, f, requested);
@@ -284,7 +296,8 @@ int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank, const std::str
       throw BadInput(fmt::format("--rank {}: {} has {} rank{} (tp × dp)", rank, p.id,
                                  world_size(p.config), world_size(p.config) == 1 ? "" : "s"));
   for (const auto& p : g.points) {
-    MemoryEstimate e = estimate_memory(p.config, b, g.run.capacity, 1, rank, gpu);
+    const MoeRouting routing = moe_routing_from(moe_routing, p.id);
+    MemoryEstimate e = estimate_memory(p.config, b, g.run.capacity, 1, rank, gpu, {}, routing);
     nlohmann::json row = estimate_json(e);
     row["id"] = p.id;
     row["config"] = config_json(p.config, *make_model(p.config));
@@ -299,6 +312,7 @@ int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank, const std::str
                    world_size(p.config), rank == 0 ? " (the most loaded)" : "",
                    breakdown_line(e.resident_after_step), e.seconds);
       if (e.time) fmt::print("    time: {}\n", time_model_line(*e.time));
+      if (!e.moe.is_null()) fmt::print("    {}\n", moe_line(e.moe));
     }
   }
   if (json)
@@ -433,6 +447,8 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
   auto& ejson = cmds.keep<bool>();
   auto& erank = cmds.keep<int>();
   auto& egpu = cmds.keep<std::string>();
+  auto& emoe = cmds.keep<std::string>();
+  emoe = "balanced";
   CLI::App* est =
       app.add_subcommand("estimate", "Predict peak memory and its breakdown without running");
   add_knob_flags(*est, ef.knobs);
@@ -445,8 +461,12 @@ void register_run_commands(CLI::App& app, Commands& cmds) {
   est->add_option("--gpu", egpu,
                   "Also predict the step time on this GPU (memtrade devices --table); implies "
                   "--backend cuda and, without --capacity, the card's memory");
-  cmds.add(est, [est, &ef, &ejson, &erank, &egpu] {
-    return cmd_estimate(*est, ef, ejson, erank, egpu);
+  est->add_option("--moe-routing", emoe,
+                  "Mixture-of-experts: the tokens each expert receives, balanced (N·top_k/E "
+                  "each), worst (every token on the same top_k experts) or a results FILE (the "
+                  "histogram its run recorded)");
+  cmds.add(est, [est, &ef, &ejson, &erank, &egpu, &emoe] {
+    return cmd_estimate(*est, ef, ejson, erank, egpu, emoe);
   });
 
   auto& ff = cmds.keep<RunFlags>();

@@ -3,10 +3,15 @@
 #include <algorithm>
 #include <chrono>
 
+#include <fmt/format.h>
+
+#include "harness/common/bad_input.h"
+#include "harness/common/point_row.h"
 #include "harness/run/point_runner.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/op_cost.h"
+#include "models/families/decoder.h"
 #include "models/model.h"
 #include "models/train/trainer.h"
 
@@ -123,7 +128,8 @@ class MetaDevice final : public Device {
 }  // namespace
 
 MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::size_t capacity,
-                               int warmup, int rank, const GpuSpec* gpu, const Fabric& fabric) {
+                               int warmup, int rank, const GpuSpec* gpu, const Fabric& fabric,
+                               const MoeRouting& routing) {
   auto start = std::chrono::steady_clock::now();
   MemoryEstimate e;
   std::optional<StepClock> clock;
@@ -131,6 +137,9 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   if (gpu) clock.emplace(*gpu, fabric, static_cast<int>(cfg.data_parallel));
   MetaDevice dev(backend, capacity, rank, clock ? &*clock : nullptr);
   auto model = make_model(cfg, tp_rank_of(rank, static_cast<int>(cfg.tensor_parallel)));
+  auto* moe = dynamic_cast<MoeRouted*>(model.get());
+  if (moe && !moe->moe().enabled()) moe = nullptr;
+  if (moe) moe->moe().routing = routing;
   try {
     Trainer trainer(dev, *model, cfg);
     for (int i = 0; i < warmup; ++i) trainer.step();
@@ -154,8 +163,63 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   e.copied_inputs = dev.copied_inputs;
   e.copied_passes = dev.copied_passes;
   e.copied_optimizer = dev.copied_optimizer;
+  if (moe) {
+    const MoeState& st = moe->moe();
+    e.moe = moe_routing_json(st, cfg.accumulation);
+    e.moe["routing"] = routing.source.empty() ? "balanced" : routing.source;
+    e.moe["saved_bytes"] = {{"router", st.saved.router},
+                            {"dispatch", st.saved.dispatch},
+                            {"experts", st.saved.experts},
+                            {"shared_expert", st.saved.shared}};
+  }
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return e;
+}
+
+nlohmann::json moe_routing_json(const MoeState& s, std::int64_t micro_batches) {
+  const auto n = static_cast<std::int64_t>(s.history.size());
+  const std::int64_t first = std::max<std::int64_t>(0, n - micro_batches);
+  nlohmann::json tpe = nlohmann::json::array();
+  for (std::int64_t i = first; i < n; ++i) tpe.push_back(s.history[static_cast<std::size_t>(i)]);
+  return {{"num_experts", s.num_experts}, {"moe_layers", s.layers}, {"tokens_per_expert", tpe}};
+}
+
+MoeRouting moe_routing_from(const std::string& spec, const std::string& point_id) {
+  MoeRouting r;
+  r.source = spec;
+  if (spec == "balanced") return r;
+  if (spec == "worst") {
+    r.kind = MoeRouting::Kind::worst;
+    return r;
+  }
+  const ResultsFile file = load_results_file(spec);
+  const nlohmann::json* found = nullptr;
+  for (const PointRow& p : file.points) {
+    if (!p.extra.contains("moe_routing")) continue;
+    if (!found || p.id == point_id) found = &p.extra.at("moe_routing");
+  }
+  if (!found)
+    throw BadInput(
+        fmt::format("--moe-routing {}: no point records moe_routing (a run of a "
+                    "mixture-of-experts model does)",
+                    spec));
+  const nlohmann::json& tpe = found->value("tokens_per_expert", nlohmann::json());
+  try {
+    r.tokens_per_expert = tpe.get<decltype(r.tokens_per_expert)>();
+  } catch (const nlohmann::json::exception&) {
+    throw BadInput(fmt::format(
+        "--moe-routing {}: moe_routing.tokens_per_expert must be [micro-batch][layer][expert] "
+        "counts",
+        spec));
+  }
+  if (r.tokens_per_expert.empty())
+    throw BadInput(fmt::format("--moe-routing {}: moe_routing.tokens_per_expert is empty", spec));
+  for (const auto& mb : r.tokens_per_expert)
+    for (const auto& layer : mb)
+      for (std::int64_t v : layer)
+        if (v < 0) throw BadInput(fmt::format("--moe-routing {}: a negative token count", spec));
+  r.kind = MoeRouting::Kind::measured;
+  return r;
 }
 
 std::int64_t largest_fitting_batch(TrainConfig cfg, Backend backend, std::size_t capacity,
@@ -189,6 +253,7 @@ nlohmann::json estimate_json(const MemoryEstimate& e) {
                       {"oom", e.fits ? nlohmann::json(nullptr) : nlohmann::json(e.oom_message)},
                       {"seconds", e.seconds}};
   if (e.time) j["time_model"] = time_model_json(*e.time);
+  if (!e.moe.is_null()) j["moe"] = e.moe;
   return j;
 }
 

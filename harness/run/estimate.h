@@ -23,6 +23,7 @@
 #include "kernels/device.h"
 #include "kernels/gpu_specs.h"
 #include "models/config/config.h"
+#include "models/layers/moe.h"
 
 namespace memtrade {
 
@@ -44,8 +45,20 @@ struct MemoryEstimate {
   double seconds = 0;       // how long the estimate took
   // With a GPU (estimate_memory's `gpu`): the time model of the measured step on it.
   std::optional<TimeModel> time;
+  // A mixture-of-experts model (layers/moe.h): the routing used and what its layers saved;
+  // null otherwise (moe_json).
+  nlohmann::json moe;
 };
 
+// `--moe-routing`: "balanced", "worst", or a results file whose point (the one with
+// moe_routing, or the one with id `point_id` when several have it) recorded tokens_per_expert.
+// Throws BadInput naming the problem.
+MoeRouting moe_routing_from(const std::string& spec, const std::string& point_id);
+// A run's record (results' moe_routing): the histograms of the last `micro_batches` forwards.
+nlohmann::json moe_routing_json(const MoeState& s, std::int64_t micro_batches);
+
+// A MoE model routes by `routing` (the meta device has no data to route by; balanced by
+// default).
 // `warmup` steps run before the peak is reset, as the harness does; 1 is enough to reach the
 // steady state (optimizer state exists from the first step on).
 // Data parallelism: the memory of rank `rank` of cfg.data_parallel, its collectives on the meta
@@ -55,7 +68,7 @@ struct MemoryEstimate {
 // collectives over cfg.data_parallel such GPUs (NVLink within a node, `fabric` across).
 MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::size_t capacity,
                                int warmup = 1, int rank = 0, const GpuSpec* gpu = nullptr,
-                               const Fabric& fabric = {});
+                               const Fabric& fabric = {}, const MoeRouting& routing = {});
 // What `memtrade fit` searches: the largest batch size in [1, limit] whose estimate fits
 // `capacity` (0 when batch 1 does not), by doubling and then bisection, about 2·log2(batch)
 // estimates; cfg.batch_size is ignored.

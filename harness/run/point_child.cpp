@@ -16,6 +16,7 @@
 #include "harness/run/point_runner.h"
 #include "harness/run/results.h"
 #include "kernels/device.h"
+#include "models/families/decoder.h"
 #include "models/model.h"
 
 namespace memtrade {
@@ -185,6 +186,10 @@ PointRow run_point_row(const PointJob& job) {
     if (fault_requested(job.point.id, "bad_alloc")) throw std::bad_alloc();
     PointMeasurement m = run_point(*dev, *model, cfg, ro);
     fill_measurement(row, m);
+    // A mixture-of-experts model: the last step's expert histograms (layers/moe.h), which
+    // `estimate --moe-routing FILE` replays.
+    if (auto* moe = dynamic_cast<MoeRouted*>(model.get()); moe && moe->moe().enabled())
+      row.extra["moe_routing"] = moe_routing_json(moe->moe(), cfg.accumulation);
     add_prediction(*row.memory);
     if (auto peak = peak_flops(*dev, cfg.precision); peak && m.median_s > 0)
       row.throughput->mfu = m.flops_per_step / m.median_s / *peak;

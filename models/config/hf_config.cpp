@@ -38,7 +38,7 @@ std::optional<std::int64_t> as_int64(const json& v) {
 
 constexpr std::string_view kArchitectures =
     "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, "
-    "Gemma2ForCausalLM and GPT2LMHeadModel";
+    "Gemma2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM and GPT2LMHeadModel";
 
 // head_dim as a projection's split: at most what the rotary kernels take (kernels/ops.h).
 constexpr DecoderBound kMaxHeadDim{"head dim", kRopeMaxHeadDim};
@@ -247,6 +247,76 @@ LlamaConfig llama_from(const json& j, const ConfigFile& file, const std::string&
   return c;
 }
 
+// Mixture of experts (models/layers/moe.h), transformers 4.46.3: MixtralForCausalLM
+// (modeling_mixtral.py, configuration_mixtral.py) is Mistral's decoder (MixtralAttention: no
+// biases, head_dim = hidden_size // num_heads, plain rotary embeddings of rope_theta, the mask
+// banded by sliding_window, default None) with MixtralSparseMoeBlock in every layer;
+// Qwen2MoeForCausalLM (modeling_qwen2_moe.py) is Qwen2's (q/k/v biases) with
+// Qwen2MoeSparseMoeBlock where Qwen2MoeDecoderLayer puts one (decoder_sparse_step,
+// mlp_only_layers) and Qwen2MoeMLP(intermediate_size) elsewhere. The attention keys are read by
+// llama_from as Mistral's and Qwen2's, with the MoE configs' own defaults.
+LlamaConfig moe_from(const json& j, const ConfigFile& file, const std::string& arch) {
+  const Keys k(j, arch);
+  const bool mixtral = arch == "MixtralForCausalLM";
+  for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size", "vocab_size", "max_position_embeddings"})
+    (void)k.positive_int(key);  // required here: named with this architecture when missing
+  LlamaConfig c = llama_from(j, file, mixtral ? "MistralForCausalLM" : "Qwen2ForCausalLM");
+  c.architecture = arch;
+  if (mixtral) {
+    // MixtralConfig's defaults where Mistral's differ; no head_dim key (MixtralAttention).
+    if (k.has("head_dim") && std::int64_t{k.positive_int("head_dim")} * c.n_head != c.n_embd)
+      fail(fmt::format("unsupported head_dim {}: {} has hidden_size / num_attention_heads = {}/{}",
+                       k.positive_int("head_dim"), arch, c.n_embd, c.n_head));
+    c.head_dim = 0;
+    c.n_kv_head = k.positive_int("num_key_value_heads", 8, kMaxHeads);
+    c.norm_eps = k.positive_number("rms_norm_eps", 1e-5);
+    c.rope_theta = k.positive_number("rope_theta", 1e6);
+    c.sliding_window = k.has("sliding_window") ? k.positive_int("sliding_window") : 0;
+    c.num_experts = k.positive_int("num_local_experts", 8);
+    c.moe_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;  // routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
+    c.moe_prefix = "block_sparse_moe.";
+    c.expert_names_w = true;
+    // In training, jitter multiplies the router's input by uniform noise: not modelled.
+    k.require("router_jitter_noise", 0.0, k.number("router_jitter_noise", 0.0), "no router jitter");
+  } else {
+    // Qwen2MoeConfig: num_experts 0 makes every layer Qwen2MoeMLP.
+    if (k.has("num_experts") && as_int64(j.at("num_experts")) == 0)
+      c.num_experts = 0;
+    else
+      c.num_experts = k.positive_int("num_experts", 60);
+    c.moe_intermediate_size = k.positive_int("moe_intermediate_size", 1408, kMaxIntermediate);
+    c.shared_expert_intermediate_size =
+        k.positive_int("shared_expert_intermediate_size", 5632, kMaxIntermediate);
+    c.norm_topk_prob = k.boolean("norm_topk_prob", false);
+    c.decoder_sparse_step = k.positive_int("decoder_sparse_step", 1);
+    if (k.has("mlp_only_layers")) {
+      const json& v = j.at("mlp_only_layers");
+      if (!v.is_array())
+        fail(fmt::format("key 'mlp_only_layers' must be a list of layer indices, got {}",
+                         echo_json(v)));
+      for (const json& x : v) {
+        const auto i = as_int64(x);
+        if (!i || *i < 0 || *i >= c.n_layer)
+          fail(fmt::format("key 'mlp_only_layers': {} is not a layer index in [0, {})",
+                           echo_json(x), c.n_layer));
+        c.mlp_only_layers.push_back(static_cast<int>(*i));
+      }
+    }
+  }
+  c.top_k = k.positive_int("num_experts_per_tok", mixtral ? 2 : 4);
+  if (c.num_experts > 0 && c.top_k > c.num_experts)
+    fail(fmt::format("num_experts_per_tok {} is above the {} experts", c.top_k, c.num_experts));
+  // The forward adds router_aux_loss_coef · load_balancing_loss_func(...) to the loss only when
+  // output_router_logits (default false).
+  const double coef = k.number("router_aux_loss_coef", 0.001);
+  if (coef < 0 || !std::isfinite(coef))
+    fail(fmt::format("key 'router_aux_loss_coef' must be at least 0, got {}", coef));
+  if (k.boolean("output_router_logits", false)) c.router_aux_loss_coef = coef;
+  return c;
+}
+
 GptConfig gpt2_from(const json& j, const ConfigFile& file) {
   const Keys k(j, "GPT2LMHeadModel");
   GptConfig c;
@@ -284,6 +354,7 @@ HfModelConfig parse_hf_config(std::string_view text, const ConfigFile& file) {
   if (name == "LlamaForCausalLM" || name == "Qwen2ForCausalLM" || name == "MistralForCausalLM" ||
       name == "Phi3ForCausalLM" || name == "Qwen3ForCausalLM" || name == "Gemma2ForCausalLM")
     return llama_from(j, file, name);
+  if (name == "MixtralForCausalLM" || name == "Qwen2MoeForCausalLM") return moe_from(j, file, name);
   if (name == "GPT2LMHeadModel") return gpt2_from(j, file);
   fail(
       fmt::format("unsupported architecture '{}' (memtrade reads {})", echo(name), kArchitectures));

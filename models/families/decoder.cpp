@@ -124,6 +124,7 @@ Tensor DecoderModel<Norm, Mlp>::stem_forward(LayerCtx& c, const Tensor& input) {
         fmt::format("sequence parallelism splits the {} tokens of a micro-batch over {} ranks: "
                     "batch_size × seq_len must be a multiple of tp",
                     input.numel(), c.tp->size()));
+  if (moe_.enabled() && !c.recompute) moe_.begin_micro_batch(input.numel());
   return embedding_forward(c, input, embedding_);  // (B·T, C); this rank's tokens under SP
 }
 
@@ -148,7 +149,8 @@ Tensor DecoderModel<Norm, Mlp>::block_forward(LayerCtx& c, int block, const Tens
   a.reset();
   Tensor h2 = c.act_tensor({N, C}, c.out_dtype(norm_op(b.norm_2), x1));
   norm_forward(c, h2, x1, b.norm_2);
-  Tensor m = mlp_forward(c, std::move(h2), b.mlp);
+  Tensor m = b.moe.enabled() ? moe_forward(c, std::move(h2), b.moe, moe_)
+                             : mlp_forward(c, std::move(h2), b.mlp);
   if (b.post_2) m = post_norm_forward(c, std::move(m), *b.post_2);
   Tensor out = c.dev.empty({N, C}, c.out_dtype(Op::add, x1.dtype(), m.dtype()),
                            Category::activations);  // the next block's input
@@ -185,13 +187,22 @@ Tensor DecoderModel<Norm, Mlp>::head_forward(LayerCtx& c, Tensor x, const Tensor
   }
   if (embedding_.vocab_parallel)
     return vocab_parallel_loss_forward(c, std::move(logits), targets, embedding_.vocab_offset);
-  return crossentropy_loss_forward(c, std::move(logits), targets);
+  Tensor losses = crossentropy_loss_forward(c, std::move(logits), targets);  // (B·T) F32
+  if (moe_.aux_coef > 0) {
+    // The load-balancing loss (layers/moe.h), router_aux_loss_coef · aux, carried by every loss
+    // row so that their mean is HF's loss + coef · aux.
+    Tensor aux = c.temp(losses.shape(), DType::F32);
+    c.ops().fill(aux, static_cast<float>(moe_.aux_coef * moe_.aux_loss()));
+    c.ops().add_inplace(losses, aux);
+  }
+  return losses;
 }
 
 // ---- backward -----------------------------------------------------------------------------------
 
 template <typename Norm, typename Mlp>
 Tensor DecoderModel<Norm, Mlp>::head_backward(LayerCtx& c, float dloss) {
+  moe_.dloss = dloss;  // the aux loss's gradient, in the MoE layers' backward
   const Tensor& lnf = c.get("lnf");
   const DType logits_dtype = c.out_dtype(Op::linear, lnf);
   Tensor dlogits =
@@ -222,8 +233,10 @@ void DecoderModel<Norm, Mlp>::block_backward(LayerCtx& c, int block, Tensor& dre
   const Tensor& x1 = c.get("x1");
   Tensor dm;  // d(mlp output), through post_2 when there is one
   if (b.post_2) dm = post_norm_backward(c, dres, c.out_dtype(Op::linear, x1), *b.post_2);
+  const Tensor& dmlp = b.post_2 ? dm : dres;
   Tensor dh2 =
-      c.grad_as(mlp_backward(c, b.post_2 ? dm : dres, b.mlp), c.out_dtype(norm_op(b.norm_2), x1));
+      c.grad_as(b.moe.enabled() ? moe_backward(c, dmlp, b.moe, moe_) : mlp_backward(c, dmlp, b.mlp),
+                c.out_dtype(norm_op(b.norm_2), x1));
   dm.reset();
   norm_backward_add(c, dres, dh2, x1, b.norm_2);
   dh2.reset();
@@ -257,6 +270,13 @@ double DecoderModel<Norm, Mlp>::block_flops(std::int64_t batch, int block) const
   double macs = 0;  // per token: every weight matrix of the block once (biases and norms aside)
   for (const ParamSpec& p : params())
     if (p.block == block && p.shape.size() == 2) macs += static_cast<double>(shape_numel(p.shape));
+  if (const Moe& m = blocks_[block].moe; m.enabled()) {  // a token passes k of the E experts
+    double experts = 0;
+    for (const LlamaMlp& e : m.experts)
+      for (ParamIndex w : {e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight})
+        experts += static_cast<double>(shape_numel(params()[w].shape));
+    macs -= experts * (1.0 - static_cast<double>(m.top_k) / static_cast<double>(m.experts.size()));
+  }
   const double N = static_cast<double>(batch) * static_cast<double>(seq_len_);
   return 2.0 * N * macs + 2.0 * scores_flops(batch, block);  // + QKᵀ and att·V
 }

@@ -42,6 +42,7 @@
 #include "models/layers/gpt_mlp.h"
 #include "models/layers/layernorm.h"
 #include "models/layers/llama_mlp.h"
+#include "models/layers/moe.h"
 #include "models/layers/rmsnorm.h"
 #include "models/layers/tensor_parallel.h"
 
@@ -67,9 +68,18 @@ inline constexpr DecoderBound kMaxPositions{"positions", 1 << 24};    // 1048576
 std::optional<std::string> above_bound(std::string_view key, std::int64_t value,
                                        const DecoderBound& bound);
 
-template <typename Norm, typename Mlp>
-class DecoderModel : public BlockModel {
+// A model whose blocks may route tokens to experts (layers/moe.h): the harness reads its routing
+// (the histograms a run records) and sets the estimator's plan through this.
+class MoeRouted {
  public:
+  virtual ~MoeRouted() = default;
+  virtual MoeState& moe() = 0;
+};
+
+template <typename Norm, typename Mlp>
+class DecoderModel : public BlockModel, public MoeRouted {
+ public:
+  MoeState& moe() final { return moe_; }
   int num_blocks() const final { return static_cast<int>(blocks_.size()); }
   std::int64_t max_seq_len() const final { return block_size_; }
   Shape input_shape(std::int64_t batch) const final { return {batch, seq_len_}; }
@@ -85,6 +95,7 @@ class DecoderModel : public BlockModel {
     CausalSelfAttention attn;
     Norm norm_2;
     Mlp mlp;
+    Moe moe;  // a mixture-of-experts layer in place of mlp where moe.enabled()
     // Gemma 2's post_attention_layernorm and post_feedforward_layernorm: each branch's output
     // normalised before the residual add (its norm_1 and norm_2 are input_layernorm and
     // pre_feedforward_layernorm).
@@ -134,6 +145,7 @@ class DecoderModel : public BlockModel {
   Norm norm_f_;
   Linear head_;                 // lm_head, or the embedding's wte when tied
   float final_softcap_ = 0.0f;  // Gemma 2's final_logit_softcapping: logits = cap·tanh(l / cap)
+  MoeState moe_;                // the MoE layers' routing (layers == 0: none)
 
  private:
   double scores_flops(std::int64_t batch, int block) const;  // one QKᵀ of a block

@@ -13,6 +13,13 @@ RopeConfig LlamaConfig::rope() const {
           rope_scaling.high_freq_factor, rope_scaling.original_max_position_embeddings};
 }
 
+bool LlamaConfig::moe_layer(int i) const {
+  // Qwen2MoeDecoderLayer: (layer_idx not in mlp_only_layers) and num_experts > 0 and
+  // (layer_idx + 1) % decoder_sparse_step == 0; Mixtral's step 1 and no list make every layer.
+  return num_experts > 0 && (i + 1) % decoder_sparse_step == 0 &&
+         std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) == mlp_only_layers.end();
+}
+
 const std::vector<HyperField<LlamaConfig>>& llama_hyper_fields() {
   static const std::vector<HyperField<LlamaConfig>> fields = {
       {"n_layer", &LlamaConfig::n_layer},
@@ -86,6 +93,18 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
     throw bad(e.what());
   }
 
+  // Mixture of experts (layers/moe.h): the experts are whole on every rank, and splitting them
+  // (expert or tensor parallelism) is not modelled yet.
+  if (tp.size > 1 && cfg_.num_experts > 0)
+    throw bad(
+        fmt::format("tensor parallelism with mixture-of-experts (num_experts {}) is not "
+                    "modelled",
+                    cfg_.num_experts));
+  if (cfg_.num_experts > 0 && (cfg_.top_k < 1 || cfg_.top_k > cfg_.num_experts))
+    throw bad(fmt::format("num_experts_per_tok {} must be in [1, num_experts {}]", cfg_.top_k,
+                          cfg_.num_experts));
+  if (cfg_.decoder_sparse_step < 1)
+    throw bad(fmt::format("decoder_sparse_step {} must be at least 1", cfg_.decoder_sparse_step));
   // Phi-3's fused qkv_proj and gate_up_proj interleave what tensor parallelism splits (q, k, v;
   // gate, up) in one weight, and Qwen3's per-head q/k norms are replicated weights whose
   // gradients differ per rank (each rank normalises its own heads): neither is modelled yet.
@@ -165,10 +184,15 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
       b.attn.qk_norm =
           QkNorm{add_replicated_param(p + "self_attn.q_norm.weight", {hd}, kOnes, i),
                  add_replicated_param(p + "self_attn.k_norm.weight", {hd}, kOnes, i), eps};
-    if (cfg_.fused_gate_up) {  // Phi-3's gate_up_proj (tp 1)
+    if (cfg_.moe_layer(i)) {
+      add_moe(b.moe, p + cfg_.moe_prefix, i);
+    } else if (cfg_.fused_gate_up) {  // Phi-3's gate_up_proj (tp 1)
       const ParamIndex gu =
           add_replicated_param(p + "mlp.gate_up_proj.weight", {2 * I, C}, kStd, i);
       b.mlp.gate_up_proj = {gu, row_bias(cfg_.mlp_bias, "mlp.gate_up_proj.bias", 2 * I)};
+      b.mlp.down_proj = {
+          add_split_param(p + "mlp.down_proj.weight", {C, I}, kStd, i, tp.even(1, I)),
+          row_bias(cfg_.mlp_bias, "mlp.down_proj.bias", C)};
     } else {
       const ParamIndex gate =
           add_split_param(p + "mlp.gate_proj.weight", {I, C}, kStd, i, tp.even(0, I));
@@ -176,10 +200,10 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
       const ParamIndex up =
           add_split_param(p + "mlp.up_proj.weight", {I, C}, kStd, i, tp.even(0, I));
       b.mlp.up_proj = {up, bias(cfg_.mlp_bias, "mlp.up_proj.bias", I)};
+      b.mlp.down_proj = {
+          add_split_param(p + "mlp.down_proj.weight", {C, I}, kStd, i, tp.even(1, I)),
+          row_bias(cfg_.mlp_bias, "mlp.down_proj.bias", C)};
     }
-    const ParamIndex down =
-        add_split_param(p + "mlp.down_proj.weight", {C, I}, kStd, i, tp.even(1, I));
-    b.mlp.down_proj = {down, row_bias(cfg_.mlp_bias, "mlp.down_proj.bias", C)};
     b.norm_1 = norm(p + "input_layernorm", "input_layernorm", i);
     if (cfg_.gemma_norms) {  // Gemma2DecoderLayer's order of registration
       // The branches' outputs are the post-norms' saved inputs (under autocast their fp32 casts
@@ -193,11 +217,53 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
     }
     blocks_.push_back(std::move(b));
   }
+  if (cfg_.num_experts > 0) {
+    for (const Block& b : blocks_) moe_.layers += b.moe.enabled() ? 1 : 0;
+    moe_.num_experts = cfg_.num_experts;
+    moe_.aux_coef = cfg_.router_aux_loss_coef;
+  }
   norm_f_ = norm("model.norm", "norm", -1);
   head_ = {cfg_.tie_word_embeddings
                ? embedding_.wte
                : add_split_param("lm_head.weight", {V, C}, kStd, -1, tp.vocab(V)),
            -1};
+}
+
+// A MoE layer's parameters in HF's named_parameters order: gate, each expert's (Mixtral: w1, w2,
+// w3; Qwen2-MoE: gate_proj, up_proj, down_proj), then Qwen2-MoE's shared_expert and
+// shared_expert_gate. Normal(0, initializer_range), no biases (tp 1: refused above).
+void LlamaModel::add_moe(Moe& m, const std::string& p, int block) {
+  constexpr float kStd = 0.02f;
+  const std::int64_t C = cfg_.n_embd, E = cfg_.num_experts, I = cfg_.moe_intermediate_size;
+  m.top_k = cfg_.top_k;
+  m.norm_topk_prob = cfg_.norm_topk_prob;
+  m.index = moe_count_++;
+  m.gate = {add_param(p + "gate.weight", {E, C}, kStd, block), -1};
+  const auto swiglu = [&](LlamaMlp& mlp, const std::string& q, std::int64_t width) {
+    if (cfg_.expert_names_w) {
+      mlp.gate_proj = {add_param(q + "w1.weight", {width, C}, kStd, block), -1};
+      mlp.down_proj = {add_param(q + "w2.weight", {C, width}, kStd, block), -1};
+      mlp.up_proj = {add_param(q + "w3.weight", {width, C}, kStd, block), -1};
+    } else {
+      mlp.gate_proj = {add_param(q + "gate_proj.weight", {width, C}, kStd, block), -1};
+      mlp.up_proj = {add_param(q + "up_proj.weight", {width, C}, kStd, block), -1};
+      mlp.down_proj = {add_param(q + "down_proj.weight", {C, width}, kStd, block), -1};
+    }
+  };
+  m.experts.resize(static_cast<std::size_t>(E));
+  for (int e = 0; e < E; ++e) {
+    LlamaMlp& x = m.experts[static_cast<std::size_t>(e)];
+    x.key = fmt::format("moe.e{}.", e);
+    x.output_saved = true;  // times its routing weight: the product's backward reads it
+    swiglu(x, fmt::format("{}experts.{}.", p, e), I);
+  }
+  if (cfg_.shared_expert_intermediate_size > 0) {
+    m.shared.key = "moe.shared.";
+    m.shared.input_key = "moe.inp";
+    m.shared.output_saved = true;
+    swiglu(m.shared, p + "shared_expert.", cfg_.shared_expert_intermediate_size);
+    m.shared_gate = {add_param(p + "shared_expert_gate.weight", {1, C}, kStd, block), -1};
+  }
 }
 
 nlohmann::json LlamaModel::hyper() const {
@@ -215,6 +281,16 @@ nlohmann::json LlamaModel::hyper() const {
                            {"original_max_position_embeddings", s.original_max_position_embeddings}}
           : nlohmann::json(nullptr);
   h["seq_len"] = cfg_.seq_len;
+  if (cfg_.num_experts > 0)
+    h["moe"] = {{"num_experts", cfg_.num_experts},
+                {"top_k", cfg_.top_k},
+                {"moe_intermediate_size", cfg_.moe_intermediate_size},
+                {"shared_expert_intermediate_size", cfg_.shared_expert_intermediate_size},
+                {"norm_topk_prob", cfg_.norm_topk_prob},
+                {"decoder_sparse_step", cfg_.decoder_sparse_step},
+                {"mlp_only_layers", cfg_.mlp_only_layers},
+                {"router_aux_loss_coef", cfg_.router_aux_loss_coef},
+                {"moe_layers", moe_count_}};
   h["num_params"] = num_params();
   add_config_file(h, cfg_.file);
   return h;

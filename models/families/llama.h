@@ -79,6 +79,19 @@ struct LlamaConfig {
   double query_pre_attn_scalar = 0.0;  // 0: head_dim (1/√hd)
   double attn_softcap = 0.0;
   double final_softcap = 0.0;
+  // Mixture of experts (Mixtral, Qwen2-MoE; models/layers/moe.h). 0 experts: every layer dense.
+  int num_experts = 0;                      // num_local_experts (Mixtral), num_experts (Qwen2-MoE)
+  int top_k = 2;                            // num_experts_per_tok
+  int moe_intermediate_size = 0;            // each expert's I (Mixtral's: intermediate_size)
+  int shared_expert_intermediate_size = 0;  // Qwen2-MoE's shared expert; 0: none
+  bool norm_topk_prob = true;               // renormalise the top-k weights (Mixtral always)
+  int decoder_sparse_step = 1;              // layer i is MoE when (i + 1) % step == 0 ...
+  std::vector<int> mlp_only_layers{};       // ... and i is not listed here (Qwen2-MoE)
+  double router_aux_loss_coef = 0.0;  // the loss adds coef · aux (0: output_router_logits off)
+  std::string moe_prefix = "mlp.";    // Mixtral: "block_sparse_moe."
+  bool expert_names_w = false;        // Mixtral's experts: w1 (gate), w2 (down), w3 (up)
+
+  bool moe_layer(int i) const;
 
   int hd() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
 
@@ -101,7 +114,10 @@ class LlamaModel final : public DecoderModel<RmsNorm, LlamaMlp> {
   nlohmann::json hyper() const override;
 
  private:
+  void add_moe(Moe& m, const std::string& prefix, int block);
+
   LlamaConfig cfg_;
+  int moe_count_ = 0;
 };
 
 }  // namespace memtrade

@@ -34,58 +34,81 @@ std::pair<Tensor, Tensor> split_gate_up(LayerCtx& c, const Tensor& gu) {
   return {std::move(gate), std::move(up)};
 }
 
-}  // namespace
+std::string key(const LlamaMlp& m, const char* name) {
+  return m.key + name;
+}
 
-Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
+const Tensor& saved_input(LayerCtx& c, const LlamaMlp& m) {
+  return c.get(m.input_key.empty() ? key(m, "inp") : m.input_key);
+}
+
+// gate_proj, up_proj, SwiGLU and down_proj on x (N, C) in linear's dtype: (N, C), a temporary.
+Tensor unfused_forward(LayerCtx& c, const Tensor& inp, const LlamaMlp& m, bool keep_input,
+                       Tensor* owned) {
   const std::int64_t C = inp.dim(1);
-  inp = c.cast_input(Op::linear, std::move(inp));
-  Tensor h;  // (N, I): down_proj's input
-  std::int64_t N = 0;
-  if (fused(m)) {  // Phi-3's gate_up_proj, whole (tensor parallelism refuses it: llama.cpp)
-    N = inp.dim(0);
-    const std::int64_t I2 = c.weight(m.gate_up_proj.weight).dim(0);
-    Tensor gu = c.act_tensor({N, I2}, c.out_dtype(Op::linear, inp));  // (N, 2I)
-    linear_forward(c, gu, inp, m.gate_up_proj);
-    c.keep("mlp.inp", std::move(inp));
-    auto [gate, up] = split_gate_up(c, gu);
-    h = c.act_tensor({N, I2 / 2}, c.out_dtype(Op::swiglu, gate));
-    glu_forward(c, h, gate, up, m);
-    c.keep("mlp.gate_up", std::move(gu));
-  } else {
-    const std::int64_t I = c.weight(m.gate_proj.weight).dim(0);  // this rank's I / tp
-    Tensor gate, up;  // (N, I): gate_proj and up_proj are column-parallel
-    {
-      Tensor gathered;  // SP: every rank's tokens
-      const Tensor& x = enter_column_parallel(c, inp, gathered, Category::temporaries);
-      const std::int64_t n = x.dim(0);
-      gate = c.act_tensor({n, I}, c.out_dtype(Op::linear, inp));
-      linear_forward(c, gate, x, m.gate_proj);
-      up = c.act_tensor({n, I}, c.out_dtype(Op::linear, inp));
-      linear_forward(c, up, x, m.up_proj);
-    }
-    N = gate.dim(0);
-    c.keep("mlp.inp", std::move(inp));
-    h = c.act_tensor({N, I}, c.out_dtype(Op::swiglu, gate));  // (N, I)
-    glu_forward(c, h, gate, up, m);
-    c.keep("mlp.gate", std::move(gate));
-    c.keep("mlp.up", std::move(up));
+  const std::int64_t I = c.weight(m.gate_proj.weight).dim(0);  // this rank's I / tp
+  Tensor gate, up;  // (N, I): gate_proj and up_proj are column-parallel
+  {
+    Tensor gathered;  // SP: every rank's tokens
+    const Tensor& x = enter_column_parallel(c, inp, gathered, Category::temporaries);
+    const std::int64_t n = x.dim(0);
+    gate = c.act_tensor({n, I}, c.out_dtype(Op::linear, inp));
+    linear_forward(c, gate, x, m.gate_proj);
+    up = c.act_tensor({n, I}, c.out_dtype(Op::linear, inp));
+    linear_forward(c, up, x, m.up_proj);
   }
+  const std::int64_t N = gate.dim(0);
+  if (keep_input) c.keep(key(m, "inp"), std::move(*owned));
+  Tensor h = c.act_tensor({N, I}, c.out_dtype(Op::swiglu, gate));  // (N, I)
+  glu_forward(c, h, gate, up, m);
+  c.keep(key(m, "gate"), std::move(gate));
+  c.keep(key(m, "up"), std::move(up));
   h = c.cast_input(Op::linear, std::move(h));
   // (N, C): added into the residual (this rank's tokens under SP); down_proj is row-parallel
-  const DType out_dtype = c.out_dtype(Op::linear, h);
-  Tensor out = m.output_saved ? c.act_tensor({N, C}, out_dtype) : c.temp({N, C}, out_dtype);
+  Tensor out = c.dev.empty({N, C}, c.out_dtype(Op::linear, h),
+                           m.output_saved ? c.cat() : Category::temporaries);
   row_parallel_forward(c, out, h, m.down_proj);
-  c.keep("mlp.h", std::move(h));
+  c.keep(key(m, "h"), std::move(h));
+  return out;
+}
+
+}  // namespace
+
+Tensor mlp_forward_on(LayerCtx& c, const Tensor& inp, const LlamaMlp& m) {
+  c.expect_input(Op::linear, inp);
+  return unfused_forward(c, inp, m, false, nullptr);
+}
+
+Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
+  inp = c.cast_input(Op::linear, std::move(inp));
+  if (!fused(m)) return unfused_forward(c, inp, m, true, &inp);
+  // Phi-3's gate_up_proj, whole (tensor parallelism refuses it: llama.cpp)
+  const std::int64_t N = inp.dim(0), C = inp.dim(1);
+  const std::int64_t I2 = c.weight(m.gate_up_proj.weight).dim(0);
+  Tensor gu = c.act_tensor({N, I2}, c.out_dtype(Op::linear, inp));  // (N, 2I)
+  linear_forward(c, gu, inp, m.gate_up_proj);
+  c.keep(key(m, "inp"), std::move(inp));
+  Tensor h;  // (N, I): down_proj's input
+  {
+    auto [gate, up] = split_gate_up(c, gu);  // temporaries, freed before down_proj
+    h = c.act_tensor({N, I2 / 2}, c.out_dtype(Op::swiglu, gate));
+    glu_forward(c, h, gate, up, m);
+    c.keep(key(m, "gate_up"), std::move(gu));
+  }
+  h = c.cast_input(Op::linear, std::move(h));
+  Tensor out = c.temp({N, C}, c.out_dtype(Op::linear, h));  // (N, C)
+  row_parallel_forward(c, out, h, m.down_proj);
+  c.keep(key(m, "h"), std::move(h));
   return out;
 }
 
 Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m) {
-  const Tensor& inp = c.get("mlp.inp");
-  const Tensor& h = c.get("mlp.h");
+  const Tensor& inp = saved_input(c, m);
+  const Tensor& h = c.get(key(m, "h"));
   Tensor dh = c.temp_like(h);
   row_parallel_backward(c, &dh, dout, h, m.down_proj);
   if (fused(m)) {
-    const Tensor& gu = c.get("mlp.gate_up");
+    const Tensor& gu = c.get(key(m, "gate_up"));
     auto [gate, up] = split_gate_up(c, gu);
     Tensor dgate = c.grad_as(std::move(dh), c.out_dtype(Op::swiglu, gate));
     Tensor dup = c.temp_like(up);
@@ -101,8 +124,8 @@ Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m) {
     linear_backward(c, &dinp, dgu, inp, m.gate_up_proj);
     return dinp;
   }
-  const Tensor& gate = c.get("mlp.gate");
-  const Tensor& up = c.get("mlp.up");
+  const Tensor& gate = c.get(key(m, "gate"));
+  const Tensor& up = c.get(key(m, "up"));
   // d h, then d gate in place (the SwiGLU output has gate's dtype); d up beside it.
   Tensor dgate = c.grad_as(std::move(dh), c.out_dtype(Op::swiglu, gate));
   Tensor dup = c.temp_like(up);

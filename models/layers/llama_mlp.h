@@ -10,7 +10,8 @@
 //
 // Gemma 2's MLP (transformers 4.46.3 modeling_gemma2.py Gemma2MLP) is this one with
 // act_fn = ACT2FN["gelu_pytorch_tanh"] in place of silu (GeGLU): the same saved tensors; HF keeps
-// gelu(gate) (N, I) as the multiply's other operand, which Ops::geglu_backward recomputes.
+// gelu(gate) (N, I) as the multiply's other operand, which Ops::geglu_backward recomputes. Its
+// output is kept by the post-feedforward norm (output_saved).
 //
 // Phi-3's MLP (HF Phi3MLP) is the same function with gate_proj and up_proj fused into one
 // gate_up_proj (2I, C), gate's rows first (`gate, up = gate_up_proj(x).chunk(2, dim=-1)`). It
@@ -21,6 +22,8 @@
 // HF's views do not make; what is saved is equal.
 #pragma once
 
+#include <string>
+
 #include "models/layers/linear.h"
 
 namespace memtrade {
@@ -30,13 +33,21 @@ struct LlamaMlp {
   Linear up_proj;
   Linear down_proj;
   Linear gate_up_proj;  // Phi-3: one (2I, C) weight; when set, gate_proj and up_proj are unused
-  bool gelu = false;    // Gemma 2: GeGLU, gelu_pytorch_tanh(gate) · up (Ops::geglu_*)
-  bool output_saved = false;  // Gemma 2: the output is an activation its post-norm keeps
+  // Saved-tensor keys: key + "inp", "gate", ... ("mlp." for a block's MLP; a mixture-of-experts
+  // layer's experts have their own, layers/moe.h). input_key: the input is the caller's saved
+  // tensor of that key (mlp_forward_on), not saved again.
+  std::string key = "mlp.";
+  std::string input_key{};
+  bool output_saved = false;  // the caller keeps the output (an expert's, Gemma 2's): an activation
+  bool gelu = false;          // Gemma 2: GeGLU, gelu_pytorch_tanh(gate) · up (Ops::geglu_*)
 };
 
 // inp (N, C), moved in (saved as gate_proj's and up_proj's input, cast to their input dtype
-// first) -> returns (N, C), a temporary (an activation with output_saved).
+// first) -> returns (N, C), a temporary.
 Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m);
+// The same on an input the caller has cast to linear's dtype and keeps under m.input_key (a
+// shared expert reads the router's input); not for the fused gate_up_proj.
+Tensor mlp_forward_on(LayerCtx& c, const Tensor& inp, const LlamaMlp& m);
 // dout (N, C) -> returns dL/dinp (N, C), a temporary in gate_proj's input dtype.
 Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m);
 

@@ -138,7 +138,9 @@ TEST_P(CudaGemma, AllocateAsTheCpuAndTheDryRun) {
     calls[i](*dry, true);
     // The CPU's own workspace (fp32 copies of 16-bit attention operands) is the CPU's: compare
     // the GPU with its dry run, and the CPU with the GPU where the CPU has none (fp32).
-    if (t == DType::F32) EXPECT_EQ(on_gpu, on_cpu) << "call " << i;
+    if (t == DType::F32) {
+      EXPECT_EQ(on_gpu, on_cpu) << "call " << i;
+    }
     EXPECT_EQ(events(gpu_->memory()), on_gpu) << "dry run of call " << i;
   }
 }

@@ -80,8 +80,8 @@ TEST(ModelConfig, RefusedConfigsAreOneLineAndExit2) {
     expect_refused(run(j), fmt::format("missing key '{}'", key));
   }
   json j = llama;
-  j["architectures"] = {"MixtralForCausalLM"};
-  expect_refused(run(j), "unsupported architecture 'MixtralForCausalLM'");
+  j["architectures"] = {"FalconForCausalLM"};
+  expect_refused(run(j), "unsupported architecture 'FalconForCausalLM'");
   j = llama;
   j["rope_scaling"]["rope_type"] = "dynamic";
   expect_refused(run(j), "unsupported rope_scaling type 'dynamic'");

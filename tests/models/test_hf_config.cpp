@@ -217,15 +217,16 @@ TEST(HfConfig, RefusedConfigs) {
     j[key] = std::move(value);
     return j;
   };
-  EXPECT_EQ(error_of(with(llama, "architectures", {"MixtralForCausalLM"})),
-            "unsupported architecture 'MixtralForCausalLM' (memtrade reads LlamaForCausalLM, "
+  EXPECT_EQ(error_of(with(llama, "architectures", {"FalconForCausalLM"})),
+            "unsupported architecture 'FalconForCausalLM' (memtrade reads LlamaForCausalLM, "
             "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, "
-            "Gemma2ForCausalLM and GPT2LMHeadModel)");
+            "Gemma2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM and GPT2LMHeadModel)");
   json no_arch = llama;
   no_arch.erase("architectures");
   EXPECT_EQ(error_of(no_arch),
             "missing key 'architectures' (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-            "MistralForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM and GPT2LMHeadModel)");
+            "MistralForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, MixtralForCausalLM, "
+            "Qwen2MoeForCausalLM and GPT2LMHeadModel)");
   json yarn = llama;
   yarn["rope_scaling"]["rope_type"] = "yarn";
   EXPECT_EQ(error_of(yarn),

@@ -106,7 +106,7 @@ TEST(HfConfigHardening, ValuesAreEchoedBoundedAndEscaped) {
   EXPECT_EQ(hf_error(j),
             "unsupported architecture 'Foo\\nBar' (memtrade reads LlamaForCausalLM, "
             "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, "
-            "Gemma2ForCausalLM and GPT2LMHeadModel)");
+            "Gemma2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM and GPT2LMHeadModel)");
   j["architectures"] = {std::string(1'000'000, 'x')};
   EXPECT_LT(hf_error(j).size(), 300u);  // the echo's bound plus the list of architectures
   j = tiny_llama();

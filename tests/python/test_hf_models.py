@@ -15,6 +15,7 @@ transformers comes from PyPI through ci/setup.sh (ci/requirements-hf.txt); witho
 unreachable) these tests skip and say so.
 """
 import json
+import re
 
 import numpy as np
 import pytest
@@ -244,10 +245,19 @@ def hf_autocast_step(out, meta, config):
 # (test_autocast_matches_pytorch_cpu_autocast, rule 1): the same gradient tensors hold bf16
 # values on both sides, the loss within eps/16 relatively, each gradient tensor within 4·eps
 # relative L2 (a bias: 4·eps times the condition of its sum over rows, see hf_autocast_step).
-# Open (issue 25's notes): with an o_proj bias (Llama's attention_bias, Qwen3's) layer 1's q/k
-# weight gradients are 8-16·eps from HF's; both sides are then far from fp64 (llama-biases,
+# Open (issue 25's notes): with q/k biases (Llama's attention_bias, Qwen3's) layer 1's q/k
+# weight and bias gradients are 7-16·eps from HF's; both sides are then far from fp64 (llama-biases,
 # q_proj.weight: memtrade 17.7·eps, HF 11.7·eps), an ill-conditioned point where the rule's
-# independent-flips premise fails. Strict: these fail loudly once they pass.
+# independent-flips premise fails: the k bias is common to every key, so any row sum of dS that
+# is not zero reaches dq multiplied by it. The cause of memtrade's larger distance, measured
+# (Xeon family 6 model 167, seeds 0-2): memtrade's softmax backward reads the probabilities rounded
+# to the 16-bit compute dtype (kernels/ops.h attention_backward: its CUDA softmax writes them so),
+# whose rows do not sum to 1, where HF's softmax(..., dtype=torch.float32) backward reads the fp32
+# ones. HF with that one substitution (a softmax whose backward reads its output rounded to bf16)
+# is as far from fp64 as memtrade: q_proj.weight 18.3 vs 17.7·eps (seed 0), k_proj.bias 14.3 vs
+# 14.6 (seed 1), 8.8 vs 10.9 (seed 2), against stock HF's 11.7, 6.9, 4.0. Fixing it means fp32
+# probabilities out of both backends' softmax (CUDA's kernel too). Strict: these fail loudly once
+# they pass.
 BF16_OPEN = {"llama-biases", "qwen3-bias-tied"}
 
 
@@ -281,10 +291,11 @@ def test_bf16_autocast_against_hf(memtrade_bin, tmp_path, case):
     assert worst[0] <= 4, f"{worst[1]}: relative L2 error {worst[0]:.2f}·eps·cond > 4·eps·cond"
 
 
-# The cases held to issue 23's portable rule instead (an fp64 twin: HF's model in float64 on the
-# same parameters and batch, hf_step): memtrade's distance from fp64 at most HF's bf16 autocast
-# distance from it times (1 + FP64_MARGIN), plus a floor of FP64_FLOOR_EPS·eps (one bf16 rounding
-# of every element, in relative L2), for the loss and each gradient tensor. Gemma 2 does not meet
+# The cases held to issue 23's portable rule instead (fp64_twin_rule below, against an fp64 twin:
+# HF's model in float64 on the same parameters and batch, hf_step): memtrade's distance from fp64
+# at most HF's bf16 autocast distance from it times (1 + FP64_MARGIN), plus a floor of
+# FP64_FLOOR_EPS·eps (one bf16 rounding of every element, in relative L2), for the loss and each
+# gradient tensor. Gemma 2 does not meet
 # the 4·eps rule above: its soft-caps, (1 + w) norms and four norms per layer round at other
 # places than HF's, so the two bf16 runs differ by more than their own errors' 4·eps while
 # neither is closer to fp64 (an earlier run: memtrade 5.4 and 9.2·eps from fp64 where HF was 6.8
@@ -301,15 +312,16 @@ def assert_as_close_to_fp64_as_hf(out, meta, config, case, got_loss, got, hf_los
     ours_loss, hf_loss_d = abs(got_loss - loss64) / abs(loss64), abs(hf_loss - loss64) / abs(loss64)
     assert ours_loss <= hf_loss_d * (1 + FP64_MARGIN) + FP64_FLOOR_EPS * eps / 16, (
         f"loss {ours_loss / eps:.3f}·eps from fp64, HF {hf_loss_d / eps:.3f}·eps")
-    rows = sorted(((rel_l2(got[n], ref[n]) / eps, rel_l2(hf_grads[n], ref[n]) / eps, n)
-                   for n in meta["params"]), key=lambda r: r[0] - r[1] * (1 + FP64_MARGIN))
-    ours, theirs, name = rows[-1]
+    rows = sorted(((*fp64_twin_rule(got[n], hf_grads[n], ref[n], eps, FP64_MARGIN,
+                                    FP64_FLOOR_EPS), n) for n in meta["params"]),
+                  key=lambda r: r[0] - r[1] * (1 + FP64_MARGIN))
+    ours, theirs, _, name = rows[-1]
     print(f"{case}: loss {ours_loss / eps:.3f}·eps from fp64 (HF {hf_loss_d / eps:.3f}·eps); "
           f"worst gradient {name} {ours:.2f}·eps from fp64 (HF {theirs:.2f}·eps), largest "
           f"{max(r[0] for r in rows):.2f}·eps (HF {max(r[1] for r in rows):.2f}·eps), "
           f"{len(rows)} tensors")
-    bad = [r for r in rows if r[0] > r[1] * (1 + FP64_MARGIN) + FP64_FLOOR_EPS]
-    assert not bad, [f"{n}: {o:.2f}·eps vs HF {t:.2f}·eps" for o, t, n in bad]
+    bad = [r for r in rows if not r[2]]
+    assert not bad, [f"{n}: {o:.2f}·eps vs HF {t:.2f}·eps" for o, t, _, n in bad]
 
 
 def hf_saved_bytes(out, meta, config):
@@ -421,3 +433,276 @@ def test_a_window_shorter_than_the_sequence_is_refused(memtrade_bin, tmp_path, c
     assert run.returncode == 2, run
     assert "sliding_window 8 is shorter than seq_len 16" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+# ---- Mixture of experts: MixtralForCausalLM and Qwen2MoeForCausalLM (issue 25) ----------------
+# transformers 4.46.3's models/mixtral/modeling_mixtral.py and models/qwen2_moe/
+# modeling_qwen2_moe.py: top-k softmax routing, dropless SwiGLU experts, Qwen2-MoE's shared expert
+# behind its sigmoid gate and its dense layers (decoder_sparse_step, mlp_only_layers). With
+# output_router_logits the loss is HF's: cross-entropy + router_aux_loss_coef ·
+# load_balancing_loss_func over every MoE layer's router logits (MixtralForCausalLM.forward).
+MOE_TINY = dict(TINY, router_aux_loss_coef=0.05)
+MOE_CASES = {
+    "mixtral": dict(MOE_TINY, architectures=["MixtralForCausalLM"], model_type="mixtral",
+                    num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+                    router_jitter_noise=0.0, output_router_logits=True),
+    # (Not top-1: Mixtral renormalises the one weight to 1, and the router gets no gradient.)
+    "mixtral-no-aux": dict(MOE_TINY, architectures=["MixtralForCausalLM"], model_type="mixtral",
+                           num_local_experts=3, num_experts_per_tok=2, sliding_window=None,
+                           output_router_logits=False),
+    "qwen2-moe": dict(MOE_TINY, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe",
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48, norm_topk_prob=False,
+                      use_sliding_window=False, output_router_logits=True),
+    # Sixteen experts, top-1, 32 tokens: some experts idle (HF: zero gradients, an empty GEMM).
+    "qwen2-moe-idle-experts": dict(MOE_TINY, architectures=["Qwen2MoeForCausalLM"],
+                                   model_type="qwen2_moe", num_experts=16, num_experts_per_tok=1,
+                                   moe_intermediate_size=16, shared_expert_intermediate_size=32,
+                                   norm_topk_prob=False, use_sliding_window=False,
+                                   output_router_logits=True),
+    # Four layers: decoder_sparse_step 2 makes layers 1 and 3 sparse, mlp_only_layers [3] leaves
+    # layer 1 the only MoE one; the dense ones are Qwen2MoeMLP(intermediate_size).
+    "qwen2-moe-sparse-step": dict(MOE_TINY, architectures=["Qwen2MoeForCausalLM"],
+                                  model_type="qwen2_moe", num_hidden_layers=4, num_experts=4,
+                                  num_experts_per_tok=3, moe_intermediate_size=32,
+                                  shared_expert_intermediate_size=40, norm_topk_prob=True,
+                                  decoder_sparse_step=2, mlp_only_layers=[3],
+                                  use_sliding_window=False, output_router_logits=True),
+}
+
+
+ROUTERS = ("mlp.gate.weight", "block_sparse_moe.gate.weight")
+
+
+def moe_init(config, folder, seed):
+    """hf_init, and the routers' weights scaled up (× 20) so that the softmax is far from uniform
+    and the top-k choice has margins (moe_routing_margin)."""
+    init = hf_init(config, folder, seed)
+    for name, w in init.items():
+        if name.endswith(ROUTERS):
+            w *= 20.0
+            np.save(folder / f"{name}.npy", w)
+    return init
+
+
+def moe_forward(model, config, inputs, targets):
+    """HF's loss as MixtralForCausalLM.forward / Qwen2MoeForCausalLM.forward make it from labels:
+    cross-entropy (here of memtrade's next-token targets) + router_aux_loss_coef · aux_loss when
+    output_router_logits (the config's; HF computes the load-balancing loss only then)."""
+    outputs = model(input_ids=inputs,
+                    output_router_logits=config.get("output_router_logits", False))
+    logits = outputs.logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             targets.reshape(-1))
+    if config.get("output_router_logits"):
+        loss = loss + config["router_aux_loss_coef"] * outputs.aux_loss
+    return loss
+
+
+def moe_hf_step(out, meta, config, dtype=torch.float64, autocast=False):
+    """HF's step on the dump's parameters and batch: (loss, {name: grad})."""
+    model = hf_model(config)
+    model.load_state_dict(load_params(out, meta), strict=True)
+    model = model.to(dtype)
+    model.train()
+    inputs = torch.from_numpy(np.load(out / "inputs.npy")).long()
+    targets = torch.from_numpy(np.load(out / "targets.npy")).long()
+    if autocast:
+        with cpu_isa.torch_lowp(), cpu_isa.fp32_accumulating_gemms():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = moe_forward(model, config, inputs, targets)
+            loss.backward()
+    else:
+        loss = moe_forward(model, config, inputs, targets)
+        loss.backward()
+    return float(loss), {n: p.grad.double().numpy() for n, p in model.named_parameters()}
+
+
+def moe_routing_margin(router, k):
+    """The smallest gap, over tokens and MoE layers, between the k-th and the (k+1)-th largest
+    router logit (softmax is monotone: the top-k choice flips only where rounding closes it),
+    relative to the largest |logit| (what a logit's rounding error scales with)."""
+    gaps = []
+    for logits in router:
+        z = logits.double().sort(dim=-1, descending=True).values
+        if z.shape[-1] > k:
+            gaps.append(float((z[:, k - 1] - z[:, k]).min() / z.abs().max()))
+    return min(gaps) if gaps else 1.0
+
+
+def moe_dump(memtrade_bin, tmp_path, config, precision, margin):
+    """memtrade's step from HF's initial parameters, the first init seed whose routing of the
+    batch keeps every token's k-th and (k+1)-th logits `margin` apart relative to the largest
+    (HF in fp64): a top-k choice that rounding cannot flip, on either side, on any CPU."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shape = ["--model-config", str(tmp_path / "config.json"), "--seq-len", "16", "--batch-size",
+             "2", "--optimizer", "sgd"]
+    (tmp_path / "probe").mkdir()
+    probe, _ = run_dump(memtrade_bin, tmp_path / "probe", *shape)  # the batch (data only)
+    inputs = torch.from_numpy(np.load(probe / "inputs.npy")).long()
+    for seed in range(200):
+        folder = tmp_path / f"init{seed}"
+        init = moe_init(config, folder, seed)
+        model = hf_model(config)
+        model.load_state_dict({n: torch.from_numpy(v) for n, v in init.items()}, strict=True)
+        with torch.no_grad():
+            router = model.double()(input_ids=inputs, output_router_logits=True).router_logits
+        if moe_routing_margin(router, config["num_experts_per_tok"]) > margin:
+            break
+    else:
+        pytest.fail(f"no init seed in 200 routes with a margin of {margin}")
+    flags = ["--precision", precision] + (
+        ["--autocast-policy", "torch-cpu"] if precision == "bf16" else [])
+    out, meta = run_dump(memtrade_bin, tmp_path, *shape, "--init", str(folder), *flags)
+    return init, out, meta
+
+
+@pytest.mark.parametrize("case", sorted(MOE_CASES))
+def test_moe_loss_and_every_gradient_against_hf(memtrade_bin, tmp_path, case):
+    config = MOE_CASES[case]
+    init, out, meta = moe_dump(memtrade_bin, tmp_path, config, "fp32", 1e-4)
+    for name in meta["params"]:  # memtrade started from HF's parameters, bit for bit
+        assert np.array_equal(np.load(out / "params" / f"{name}.npy"), init[name]), name
+    assert meta["hyper"]["architecture"] == config["architectures"][0]
+    ref_loss, ref_grads = moe_hf_step(out, meta, config)
+    assert meta["shapes"] == {n: list(g.shape) for n, g in ref_grads.items()}
+    assert_step_fp32(out, meta, ref_loss, {n: torch.from_numpy(g) for n, g in ref_grads.items()})
+    worst = max(float(np.abs(np.load(out / "grads" / f"{n}.npy") - ref_grads[n]).max() /
+                      (float(np.abs(ref_grads[n]).max()) or 1.0)) for n in meta["params"])
+    idle = sum(1 for n in meta["params"] if ".experts." in n
+               and n.endswith(("down_proj.weight", "w2.weight")) and not ref_grads[n].any())
+    assert (idle > 0) == ("idle" in case), idle  # the idle case has idle experts (zero grads)
+    print(f"{case}: loss {ref_loss:.6f}, worst gradient error {worst:.2e} of its tensor's largest "
+          f"element, {len(meta['params'])} tensors, {idle} idle experts")
+
+
+def fp64_twin_rule(got, hf, ref, eps, margin=0.5, floor=1.0):
+    """Issue 23's portable rule for a gradient where the 4·eps rule does not hold: memtrade's
+    relative L2 distance from an fp64 run of HF's code on the same weights and batch is at most
+    HF's own bf16 distance × (1 + margin) + floor·eps. Returns (ours, HF's) in eps."""
+    ours, theirs = rel_l2(got, ref) / eps, rel_l2(hf, ref) / eps
+    return ours, theirs, ours <= theirs * (1 + margin) + floor
+
+
+# bf16 autocast (torch-cpu policy): HF's code under PyTorch's CPU autocast with fp32-accumulating
+# GEMMs, and the same code in fp64 on the same weights and batch. The router's gradient goes
+# through softmax, top-k renormalisation and the load-balancing loss, whose terms cancel; its
+# bf16 error is not 4·eps of itself on either side, so every tensor takes fp64_twin_rule
+# (margin 0.5, floor eps): memtrade no farther from fp64 than HF's bf16 run, and the loss within
+# eps/16 of HF's.
+@pytest.mark.parametrize("case", sorted(MOE_CASES))
+def test_moe_bf16_autocast_against_hf(memtrade_bin, tmp_path, case):
+    torch.set_num_threads(1)
+    config = MOE_CASES[case]
+    eps = EPS["bf16"]
+    _, out, meta = moe_dump(memtrade_bin, tmp_path, config, "bf16", 4 * eps)
+    loss, grads = moe_hf_step(out, meta, config, torch.float32, autocast=True)
+    _, ref = moe_hf_step(out, meta, config)
+    got_loss = float(np.load(out / "loss.npy"))
+    assert abs(got_loss - loss) <= eps / 16 * abs(loss), (got_loss, loss)
+    # An expert's gradient sums over its n_e tokens only (one, in a small batch): its rounding is
+    # one draw, not an average, on both sides; the experts of a layer are taken together, per
+    # projection (the grouped GEMM over all N·k routed tokens).
+    groups = {}
+    for n in meta["params"]:
+        groups.setdefault(re.sub(r"\.experts\.\d+\.", ".experts.*.", n), []).append(n)
+    rows = []
+    for g, names in groups.items():
+        got = np.concatenate([np.load(out / "grads" / f"{n}.npy").astype(np.float64).ravel()
+                              for n in names])
+        hf = np.concatenate([grads[n].ravel() for n in names])
+        fp64 = np.concatenate([ref[n].ravel() for n in names])
+        rows.append((*fp64_twin_rule(got, hf, fp64, eps), g))
+    bad = [r for r in rows if not r[2]]
+    worst = max(rows, key=lambda r: r[0] - r[1])
+    print(f"{case}: {len(meta['params'])} tensors in {len(rows)} groups; largest excess over HF: "
+          f"{worst[3]} memtrade "
+          f"{worst[0]:.2f}·eps, HF {worst[1]:.2f}·eps from fp64; worst memtrade "
+          f"{max(r[0] for r in rows):.2f}·eps")
+    assert not bad, [(n, f"{a:.2f}·eps", f"HF {b:.2f}·eps") for a, b, _, n in bad]
+
+
+@pytest.mark.parametrize("change,flags,named", [
+    ({"router_jitter_noise": 0.01}, [], "router_jitter_noise"),
+    ({}, ["--tp", "2"], "tensor parallelism with mixture-of-experts (num_experts 4)")])
+def test_moe_what_is_not_modelled_is_refused(memtrade_bin, tmp_path, change, flags, named):
+    """router_jitter_noise > 0 changes training (uniform noise on the router's input), and
+    splitting the experts over tensor-parallel ranks is not modelled: one line, exit 2, naming
+    the key."""
+    import subprocess
+    config = dict(MOE_CASES["mixtral"], **change)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    run = subprocess.run([memtrade_bin, "estimate", "--backend", "cpu", "--model-config",
+                          str(tmp_path / "config.json"), "--seq-len", "16", "--batch-size", "2",
+                          *flags], capture_output=True, text=True)
+    assert run.returncode == 2, run
+    assert named in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def moe_eager_extra(hyper, batch):
+    """eager_extra for the MoE families (fp32 bytes HF's eager model keeps that memtrade does
+    not), its Llama terms without a dense MLP where a layer is sparse, plus per MoE layer (N =
+    batch · seq_len tokens, k routed experts each, I the experts' width):
+      - each routed row's silu(gate) (I), as a SwiGLU MLP's;
+      - the weighted expert output, which index_add_ saves as its source (C per routed row);
+      - the routing weight of each routed row (routing_weights[top_x, idx, None], 1);
+      - torch.where's top_x and idx, int64, against memtrade's one int32 row index (3 floats'
+        worth per routed row), and topk's int64 indices (2 per routed row);
+      - with the renormalisation (Mixtral; Qwen2-MoE's norm_topk_prob): the clone the in-place
+        division keeps of the top-k weights (1 per routed row) and their sum (1 per token);
+      - Qwen2-MoE's shared expert: its silu(gate) (shared_expert_intermediate_size per token);
+    and with output_router_logits the load-balancing loss: softmax's output over all MoE layers'
+    tokens (E per token and layer), topk's int64 indices (2k) and tokens_per_expert (k·E)."""
+    import saved_bytes
+    m, L, T = hyper["moe"], hyper["n_layer"], hyper["seq_len"]
+    sparse = [i for i in range(L) if (i + 1) % m["decoder_sparse_step"] == 0
+              and i not in m["mlp_only_layers"]]
+    plan = {"selective": False, "segments": [[0, L, False]]}
+    dense_mlp = 4 * batch * T * hyper["intermediate_size"]  # silu(gate) of one dense layer
+    extra = saved_bytes.llama_eager_extra(hyper, batch, plan, "none") - len(sparse) * dense_mlp
+    extra += 4 * 2 * T * hyper["head_dim"]  # the rotary tables, as eager_extra's
+    N, k, E, C = batch * T, m["top_k"], m["num_experts"], hyper["n_embd"]
+    per_row = m["moe_intermediate_size"] + C + 1 + 3 + 2 + (1 if m["norm_topk_prob"] else 0)
+    per_layer = N * k * per_row + (N if m["norm_topk_prob"] else 0)
+    per_layer += N * m["shared_expert_intermediate_size"]
+    extra += 4 * len(sparse) * per_layer
+    if m["router_aux_loss_coef"] > 0:
+        extra += 4 * (len(sparse) * N * (E + 2 * k) + k * E)
+    return extra
+
+
+@pytest.mark.parametrize("case", sorted(MOE_CASES))
+def test_moe_saved_bytes_against_hf_eager(memtrade_bin, tmp_path, case):
+    """memtrade's activations at the end of forward against what HF's eager MoE model keeps
+    (saved-tensor hooks, its loss with the load-balancing term), fp32: the gap is
+    moe_eager_extra's, to 1% (the rest: a few scalars and the loss's)."""
+    import memtrade_side
+    import torch_saved
+    torch.set_num_threads(1)
+    config = MOE_CASES[case]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    flags = ["--backend", "cpu", "--model-config", str(tmp_path / "config.json"), "--seq-len",
+             "16", "--batch-size", "2", "--precision", "fp32", "--optimizer", "sgd"]
+    out, meta = run_dump(memtrade_bin, tmp_path, *flags[2:])
+    trace = memtrade_side.read_trace(
+        memtrade_side.make_trace(memtrade_bin, tmp_path / "run", flags))
+    ours = memtrade_side.live_at_end_of_forward(trace)["requested"]
+    model = hf_model(config)
+    model.load_state_dict(load_params(out, meta), strict=True)
+    model.train()
+    inputs = torch.from_numpy(np.load(out / "inputs.npy")).long()
+    targets = torch.from_numpy(np.load(out / "targets.npy")).long()
+    rec = torch_saved.SavedRecorder(model, [inputs, targets])
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda p: p):
+            loss = moe_forward(model, config, inputs, targets)
+        loss.backward()
+    finally:
+        rec.close()
+    theirs = rec.bytes_of("activation", "input")
+    extra = moe_eager_extra(meta["hyper"], 2)
+    print(f"{case}: HF eager keeps {theirs:,} B, memtrade {ours:,} B, gap {ours - theirs:+,} B, "
+          f"formula {-extra:+,} B, residual {ours - theirs + extra:+,} B")
+    assert extra > 0.2 * theirs  # the difference is real and large
+    assert abs(ours - theirs + extra) <= 0.01 * theirs, (ours, theirs, extra)

@@ -4,7 +4,8 @@ keeps `make test` short; the full table is `make whole-step` (docs/pytorch.md, "
 Issue 28 asks for every row within 1%. memtrade does not yet model what eager PyTorch holds
 through backward (each op's input gradients and backward temporaries, AccumulateGrad's buffers,
 checkpoint's recompute), so today's rows miss by up to 15% (docs/pytorch.md names the worst
-row). RECORDED holds each row's gap as measured (AMD EPYC Zen 5, torch 1.13): a change to either
+row). RECORDED holds each row's gap as measured (AMD EPYC Zen 5, torch 1.13; the same on a Zen 3 and
+on an Intel Xeon, whose oneDNN whole_step.py caps at AVX2): a change to either
 side's memory moves it and fails here, and is recorded again on purpose (as the baselines are),
 with the goal of 0 for every row.
 """

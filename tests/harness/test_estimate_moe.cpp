@@ -1,0 +1,118 @@
+// The memory model of a mixture-of-experts model (models/layers/moe.h) is exact given the routing:
+// a tiny Mixtral and a tiny Qwen2-MoE run around every knob that changes what is saved or
+// recomputed, each point recording its expert histograms (results' moe_routing), and
+// `estimate --moe-routing <those results>` predicts each point's measured peak and breakdown
+// byte for byte. The histograms depend on the data, so the default (balanced) prediction is not
+// always the run's. (The activations an MoE layer saves do not depend on the routing in total,
+// Σ n_e = N·k; the per-expert buffers and their allocator rounding do.)
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include <fmt/format.h>
+
+#include "fixtures/gate_fixtures.h"
+
+namespace memtrade {
+namespace {
+
+constexpr const char* kMixtral = R"({"architectures": ["MixtralForCausalLM"],
+  "model_type": "mixtral", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+  "max_position_embeddings": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+  "sliding_window": null, "output_router_logits": true, "router_aux_loss_coef": 0.02})";
+
+constexpr const char* kQwen2Moe = R"({"architectures": ["Qwen2MoeForCausalLM"],
+  "model_type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+  "max_position_embeddings": 32, "num_experts": 6, "num_experts_per_tok": 2,
+  "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24, "mlp_only_layers": [1],
+  "use_sliding_window": false, "output_router_logits": false})";
+
+testing::json estimate_points(const std::string& grid, const std::string& routing) {
+  const testing::CliResult r =
+      testing::run_cli("estimate --json --grid " + grid + " --moe-routing " + routing);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  return testing::json::parse(r.out)["points"];
+}
+
+TEST(EstimateMoe, PredictedIsMeasuredGivenTheRecordedRouting) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("mixtral.json"), kMixtral);
+  testing::write_file(dir.file("qwen2moe.json"), kQwen2Moe);
+  testing::write_file(dir.file("g.toml"),
+                      fmt::format(R"(name = "moe-exact"
+mode = "sweep"
+[run]
+backend = "cpu"
+warmup = 1
+steps = 1
+[axes]
+model_config = ["{0}", "{1}"]
+batch_size = [2]
+seq_len = [16]
+accumulation = [1, 2]
+precision = ["fp32", "bf16", "bf16-pure"]
+checkpoint = [0, 1, "selective"]
+offload = ["none", "activations"]
+mode = ["train", "eval"]
+attention = ["math", "flash"]
+[baseline]
+model_config = "{0}"
+precision = "fp32"
+)",
+                                  dir.file("mixtral.json"), dir.file("qwen2moe.json")));
+  const testing::CliResult r =
+      testing::run_cli("run --grid " + dir.file("g.toml") + " --quiet --out " + dir.file("r.json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto results = testing::json::parse(testing::read_file(dir.file("r.json")));
+  ASSERT_GE(results["points"].size(), 10u);
+
+  std::map<std::string, testing::json> measured, balanced, worst;
+  for (const auto& p : estimate_points(dir.file("g.toml"), dir.file("r.json")))
+    measured[p["id"]] = p;
+  for (const auto& p : estimate_points(dir.file("g.toml"), "balanced")) balanced[p["id"]] = p;
+  for (const auto& p : estimate_points(dir.file("g.toml"), "worst")) worst[p["id"]] = p;
+  int differs = 0;
+  for (const auto& p : results["points"]) {
+    const std::string id = p["id"];
+    SCOPED_TRACE(id);
+    ASSERT_EQ(p["status"], "ok") << p["error"];
+    ASSERT_TRUE(p.contains("moe_routing"));
+    const auto& e = measured.at(id);
+    EXPECT_EQ(e["moe"]["tokens_per_expert"], p["moe_routing"]["tokens_per_expert"]);
+    EXPECT_EQ(e["moe"]["routing"], dir.file("r.json"));
+    EXPECT_EQ(e["peak_allocated"], p["memory"]["peak_allocated"]);
+    EXPECT_EQ(e["breakdown_at_peak"], p["memory"]["breakdown_at_peak"]);
+    const auto& saved = e["moe"]["saved_bytes"];
+    if (id.find("/train/") != std::string::npos && id.find("/ck0/") != std::string::npos) {
+      EXPECT_GT(saved["router"].get<std::int64_t>(), 0);
+      EXPECT_GT(saved["dispatch"].get<std::int64_t>(), 0);
+      EXPECT_GT(saved["experts"].get<std::int64_t>(), 0);
+    }
+    // worst: each micro-batch's N = 32 tokens all on experts 0 and 1 (top_k 2) of every layer.
+    for (const auto& mb : worst.at(id)["moe"]["tokens_per_expert"])
+      for (const auto& layer : mb) {
+        std::vector<std::int64_t> want(layer.size(), 0);
+        want[0] = want[1] = 32;
+        EXPECT_EQ(layer.get<std::vector<std::int64_t>>(), want);
+      }
+    differs += balanced.at(id)["peak_allocated"] != p["memory"]["peak_allocated"];
+  }
+  EXPECT_GT(differs, 0) << "the routing never changed a peak: the comparison could not fail";
+}
+
+TEST(EstimateMoe, RoutingFileWithoutHistogramsIsBadInput) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("mixtral.json"), kMixtral);
+  testing::write_file(dir.file("r.json"), R"({"schema": "memtrade.results/1", "meta": {},
+  "points": []})");
+  const testing::CliResult r =
+      testing::run_cli("estimate --model-config " + dir.file("mixtral.json") +
+                       " --seq-len 16 --batch-size 2 --moe-routing " + dir.file("r.json"));
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.err.find("no point records moe_routing"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace memtrade
