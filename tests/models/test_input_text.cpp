@@ -110,8 +110,7 @@ TEST(HfConfigHardening, ValuesAreEchoedBoundedAndEscaped) {
   const std::size_t short_name = hf_error(j).size() - std::string("Foo\\nBar").size();
   j["architectures"] = {std::string(1'000'000, 'x')};
   // The echo's bound and its note, plus the message around it (the list of architectures).
-  EXPECT_LE(hf_error(j).size(),
-            short_name + kEchoMax + std::string("... (1000000 bytes)").size());
+  EXPECT_LE(hf_error(j).size(), short_name + kEchoMax + std::string("... (1000000 bytes)").size());
   j = tiny_llama();
   j["hidden_size"] = std::string(1'000'000, 'h');
   EXPECT_LT(hf_error(j).size(), 200u);
