@@ -219,6 +219,10 @@ TEST(EstimateGemma2Refusals, FlashAndTensorParallelism) {
     EXPECT_NE(r.err.find(says), std::string::npos) << flags << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+  // advise turns the attention kind: for Gemma 2 flash is a refused combination it skips.
+  const testing::CliResult advise = testing::run_cli(
+      "advise --seq-len 16 --capacity 1GiB --model-config " + dir.file("gemma2-tiny.json"));
+  EXPECT_EQ(advise.rc, 0) << advise.err;
 }
 
 }  // namespace
