@@ -1,5 +1,6 @@
 #include "kernels/op_checks.h"
 
+#include <cmath>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -381,6 +382,20 @@ AttentionDims check_attention_backward(const Tensor& dqkv, const Tensor& dout, c
   return d;
 }
 
+void check_attention_scores(std::string_view op, const AttentionScores& scores, const Tensor* tanh,
+                            const Tensor& att, const Tensor& qkv) {
+  if (!(scores.scale >= 0.0f) || !std::isfinite(scores.scale) || !(scores.softcap >= 0.0f) ||
+      !std::isfinite(scores.softcap))
+    fail(op, "scale {} and softcap {} must be finite and >= 0", scores.scale, scores.softcap);
+  if ((scores.softcap > 0.0f) != (tanh != nullptr))
+    fail(op, "a tanh tensor goes with softcap > 0 only (softcap {})", scores.softcap);
+  if (!tanh) return;
+  check_shape(op, "tanh", *tanh, att.shape());
+  if (tanh->dtype() != qkv.dtype())
+    fail(op, "tanh must be in qkv's dtype {}, got {}", dtype_name(qkv.dtype()),
+         dtype_name(tanh->dtype()));
+}
+
 RopeDims check_rope(std::string_view op, const Tensor& qkv, int n_head, int n_kv_head) {
   check_float(op, "qkv", qkv);
   if (n_head < 1 || n_kv_head < 1 || n_head % n_kv_head != 0)  // so n_kv_head <= n_head
@@ -397,8 +412,7 @@ RopeDims check_rope(std::string_view op, const Tensor& qkv, int n_head, int n_kv
 }
 
 void check_swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
-                           const Tensor& gate, const Tensor& up) {
-  constexpr std::string_view op = "swiglu_backward";
+                           const Tensor& gate, const Tensor& up, std::string_view op) {
   check_float(op, "dgate", dgate);
   check_float(op, "dup", dup);
   check_float(op, "dout", dout);

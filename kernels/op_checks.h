@@ -117,6 +117,11 @@ AttentionDims check_attention_forward(std::string_view op, const Tensor* out, co
 AttentionDims check_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                        const Tensor& att, int n_head, int n_kv_head);
 
+// The scores of math attention (kernels/ops.h AttentionScores): scale and softcap finite and
+// >= 0; with softcap > 0 a tanh tensor shaped as att in qkv's dtype, without it none.
+void check_attention_scores(std::string_view op, const AttentionScores& scores, const Tensor* tanh,
+                            const Tensor& att, const Tensor& qkv);
+
 // Largest head dimension of flash attention: its CUDA tiles keep rows of hd fp32 values in
 // shared memory, and the CPU's per-thread tiles are on the stack.
 inline constexpr std::int64_t kFlashMaxHeadDim = 256;
@@ -136,9 +141,11 @@ struct RopeDims {
 };
 RopeDims check_rope(std::string_view op, const Tensor& qkv, int n_head, int n_kv_head);
 
-// swiglu_backward: dgate, dup, dout, gate and up float, all of one shape.
+// swiglu_backward (and geglu_backward, named by op): dgate, dup, dout, gate and up float, all of
+// one shape.
 void check_swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
-                           const Tensor& gate, const Tensor& up);
+                           const Tensor& gate, const Tensor& up,
+                           std::string_view op = "swiglu_backward");
 
 // conv2d: inp (N, Ci, H, W), weight (Co, Ci, KH, KW), stride >= 1, pad >= 0, kernel within the
 // padded input; out/dout (N, Co, OH, OW), bias/dbias (Co), dinp/dweight like inp/weight (grads

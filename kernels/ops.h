@@ -44,6 +44,7 @@
 // rounding on both backends.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -100,6 +101,18 @@ struct RopeConfig {
 
 // Largest head_dim rope_forward/backward take: CUDA passes the frequencies as a kernel argument.
 inline constexpr std::int64_t kRopeMaxHeadDim = 1024;
+
+// How math attention turns q·kᵀ into the scores it softmaxes (Gemma 2, transformers 4.46.3
+// modeling_gemma2.py Gemma2Attention): s = scale·q·kᵀ (scale 0: 1/√hd), then, when softcap > 0,
+// s = softcap·tanh(s / softcap) (attn_logit_softcapping). The defaults are plain attention.
+struct AttentionScores {
+  float scale = 0.0f;
+  float softcap = 0.0f;
+
+  float scale_for(std::int64_t hd) const {
+    return scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  }
+};
 
 // The head_dim / 2 inverse frequencies, on the host, in HF's fp32 arithmetic (kernels/rope.cpp
 // says which operations round where): both backends and the tests take them from here. Throws
@@ -164,15 +177,27 @@ class Ops {
   // scaled scores, the probabilities, dP and dS are rounded to qkv's dtype between the GEMMs; att
   // and dout of another dtype are read rounded to it; out and dqkv of another dtype are computed
   // in it and then converted (two roundings for the other 16-bit dtype).
+  //
+  // scores (AttentionScores): the scale and the soft-capping. With softcap > 0, tanh_out (B, NH,
+  // T, T) in qkv's dtype receives tanh(s / softcap) of the scaled scores (autograd's saved
+  // tensor of HF's torch.tanh; its masked entries 0), computed in fp32 from the rounded scores
+  // and rounded once; the capped scores are rounded to qkv's dtype before the softmax. No other
+  // scratch. tanh_out is nullptr without softcap.
   virtual void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
-                                 int n_kv_head) = 0;
+                                 int n_kv_head, const AttentionScores& scores = {},
+                                 Tensor* tanh_out = nullptr) = 0;
   // Only the probabilities, for recompute in backward (selective checkpointing).
-  virtual void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) = 0;
+  virtual void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
+                               const AttentionScores& scores = {}, Tensor* tanh_out = nullptr) = 0;
   // dqkv overwritten, from dout (B, T, NH·hd), qkv and the saved att; dk and dv of a kv head are
   // the sums over its NH/NKV query heads, accumulated in fp32 and rounded once. Scratch on every
   // backend: dP (NH, T, T) in qkv's dtype (Category::temporaries), reused across sequences.
+  // With softcap, tanh_in is the forward's tanh_out: dS of the capped scores times
+  // (1 − tanh²), rounded to qkv's dtype, is the raw scores' (same scratch).
   virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                  const Tensor& att, int n_head, int n_kv_head) = 0;
+                                  const Tensor& att, int n_head, int n_kv_head,
+                                  const AttentionScores& scores = {},
+                                  const Tensor* tanh_in = nullptr) = 0;
 
   // flash: fused attention (FlashAttention-2's tiled online softmax) that never materialises a
   // (T, T) tensor: forward keeps only out and lse (B, NH, T) F32, the log-sum-exp of each row's
@@ -261,15 +286,18 @@ class Ops {
   // for backward, = 1/√(mean(x²) + eps) with the sum in double (as layer-norm's statistics).
   // out = weight · (x·rstd rounded to inp's dtype), rounded to out's dtype: HF rounds the
   // normalised row back to the input's dtype before the weight multiplies it.
+  // unit_offset (Gemma2RMSNorm, transformers 4.46.3 modeling_gemma2.py): out = (x·rstd)·(1 + w),
+  // all in fp32 and rounded once to out's dtype (no rounding of the normalised row).
   virtual void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
-                               float eps) = 0;
+                               float eps, bool unit_offset = false) = 0;
   // dinp (N, C) overwritten (may alias dout); dweight (C) (+)= Σ_rows dout · (x·rstd rounded to
   // inp's dtype), the factor the forward multiplied the weight by. The rounding is a straight-
   // through step for dinp, as in autograd. A residual stream adds dinp into its gradient with
   // add_inplace, as models/layers/layernorm.cpp does for layer-norm.
+  // unit_offset: (1 + w) in place of w, and dweight's factor x·rstd unrounded.
   virtual void rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout,
                                 const Tensor& inp, const Tensor& weight, const Tensor& rstd,
-                                bool accumulate) = 0;
+                                bool accumulate, bool unit_offset = false) = 0;
   // RoPE in place on packed qkv (B, T, (NH + 2·NKV)·hd): NH query heads, then NKV key heads, then
   // NKV value heads, hd wide each (GPT's (B, T, 3C) is NKV = NH). The q and k heads of position
   // t = 0..T-1 are rotated, v is left alone; HF's rotate_half convention: element i pairs with
@@ -292,6 +320,18 @@ class Ops {
   // alias one of the inputs (dgate gate or dout, dup up or dout), not the other output.
   virtual void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
                                const Tensor& up) = 0;
+  // GeGLU (HF Gemma2MLP's act_fn(gate_proj(x)) · up_proj(x), hidden_activation
+  // gelu_pytorch_tanh): out = gelu(gate) · up with gelu_forward's tanh GELU; the same dtypes and
+  // aliasing as swiglu.
+  virtual void geglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) = 0;
+  // dgate = dout · up · gelu'(g), dup = dout · gelu(g); aliasing as swiglu_backward.
+  virtual void geglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                              const Tensor& up) = 0;
+  // Soft-capping (Gemma 2's final_logit_softcapping): out = cap·tanh(inp / cap) in fp32, rounded
+  // once to out's dtype; any float dtypes, out may alias inp. No scratch.
+  virtual void softcap_forward(Tensor& out, const Tensor& inp, float cap) = 0;
+  // From the forward's output: dinp = dout · (1 − (out / cap)²); dinp may alias dout or out.
+  virtual void softcap_backward(Tensor& dinp, const Tensor& dout, const Tensor& out, float cap) = 0;
 
   // ---- mixed precision and optimizers --------------------------------------------------------
   // g *= inv_scale for every tensor; returns true if any element was inf or nan (synchronises).

@@ -99,24 +99,30 @@ class DryRunOps final : public Ops {
 
   // Math attention as the engine runs it per sequence: S = QKᵀ, the softmax (the scaled,
   // masked scores written, read and the probabilities written), and O = PV.
-  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
-                         int n_kv_head) override {
+  // Soft-capping (Gemma 2) is one more pass over the scores (read, written, tanh written) in
+  // forward and over dS (read, tanh read, written) in backward; no scratch on either backend.
+  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
+                         const AttentionScores&, Tensor* tanh_out) override {
     const std::int64_t b = qkv.dim(0), t = qkv.dim(1), hd = head_dim(qkv, n_head, n_kv_head);
     const double scores = static_cast<double>(b * n_head * t * t) * dtype_size(qkv.dtype());
     gemm(b * n_head, t, t, hd, qkv.dtype(), 2.0 * nb(qkv) / 3 + scores);
     memory(2 * scores + nb(att));
+    if (tanh_out) memory(2 * scores + nb(*tanh_out));
     gemm(b * n_head, t, hd, t, qkv.dtype(), nb(att) + nb(qkv) / 3.0 + nb(out));
     attention(&out, att, qkv, n_head, n_kv_head);
   }
-  void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) override {
+  void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
+                       const AttentionScores&, Tensor* tanh_out) override {
     const std::int64_t b = qkv.dim(0), t = qkv.dim(1), hd = head_dim(qkv, n_head, n_kv_head);
     const double scores = static_cast<double>(b * n_head * t * t) * dtype_size(qkv.dtype());
     gemm(b * n_head, t, t, hd, qkv.dtype(), 2.0 * nb(qkv) / 3 + scores);
     memory(2 * scores + nb(att));
+    if (tanh_out) memory(2 * scores + nb(*tanh_out));
     attention(nullptr, att, qkv, n_head, n_kv_head);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          int n_head, int n_kv_head) override {
+                          int n_head, int n_kv_head, const AttentionScores&,
+                          const Tensor* tanh_in) override {
     const std::int64_t t = qkv.dim(1), hd = head_dim(qkv, n_head, n_kv_head);
     {  // dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dP ∘ P)), dQ = dS K, dK = dSᵀ Q
       const std::int64_t bh = qkv.dim(0) * n_head;
@@ -124,6 +130,7 @@ class DryRunOps final : public Ops {
       gemm(bh, t, hd, t, qkv.dtype(), nb(att) + nb(dout) + nb(dqkv) / 3.0);
       gemm(bh, t, t, hd, qkv.dtype(), nb(dout) + nb(qkv) / 3.0 + scores);
       memory(nb(att) + 3 * scores);
+      if (tanh_in) memory(nb(*tanh_in) + 2 * scores);
       gemm(bh, t, hd, t, qkv.dtype(), scores + nb(qkv) / 3.0 + nb(dqkv) / 3.0);
       gemm(bh, t, hd, t, qkv.dtype(), scores + nb(qkv) / 3.0 + nb(dqkv) / 3.0);
     }
@@ -265,12 +272,12 @@ class DryRunOps final : public Ops {
   }
 
   // The Llama-family ops take no scratch on either backend.
-  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
-                       float) override {
+  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight, float,
+                       bool) override {
     memory(nb(out) + nb(rstd) + nb(inp) + nb(weight));
   }
   void rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp,
-                        const Tensor& weight, const Tensor& rstd, bool) override {
+                        const Tensor& weight, const Tensor& rstd, bool, bool) override {
     memory(nb(dinp) + nb(dout) + nb(inp) + nb(weight) + nb(rstd) + 2 * opt_nb(dweight));
   }
   // RoPE rotates the q and k heads in place: NH + NKV of the NH + 2·NKV heads, read and written.
@@ -286,6 +293,19 @@ class DryRunOps final : public Ops {
   void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
                        const Tensor& up) override {
     memory(nb(dgate) + nb(dup) + nb(dout) + nb(gate) + nb(up));
+  }
+  void geglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override {
+    memory(nb(out) + nb(gate) + nb(up));
+  }
+  void geglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                      const Tensor& up) override {
+    memory(nb(dgate) + nb(dup) + nb(dout) + nb(gate) + nb(up));
+  }
+  void softcap_forward(Tensor& out, const Tensor& inp, float) override {
+    memory(nb(out) + nb(inp));
+  }
+  void softcap_backward(Tensor& dinp, const Tensor& dout, const Tensor& out, float) override {
+    memory(nb(dinp) + nb(dout) + nb(out));
   }
 
   // One multi-tensor launch over every grad: read, and written where it scales.

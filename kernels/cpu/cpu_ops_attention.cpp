@@ -100,15 +100,30 @@ void round_to(DType t, float* p, std::int64_t n) {
   }
 }
 
-// att (B, NH, T, T) = causal softmax(scale · q·kᵀ), and optionally out (B, T, NH·hd) = att · v.
+// Soft-capping of one row's n rounded scores in place (Gemma 2): tanh(s / cap) into tanh_out
+// from element `off` (rounded once to its dtype), s = cap·tanh rounded to dtype t.
+void softcap_row(float* row, std::int64_t n, float cap, Tensor& tanh_out, std::int64_t off,
+                 DType t) {
+  for (std::int64_t o = 0; o < n; o += kChunk) {
+    const std::int64_t len = std::min(kChunk, n - o);
+    float th[kChunk];
+    for (std::int64_t j = 0; j < len; ++j) th[j] = std::tanh(row[o + j] / cap);
+    for (std::int64_t j = 0; j < len; ++j) row[o + j] = cap * th[j];
+    write_f32(tanh_out, off + o, len, th);
+  }
+  round_to(t, row, n);
+}
+
+// att (B, NH, T, T) = causal softmax(scores(q·kᵀ)), and optionally out (B, T, NH·hd) = att · v.
 void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
-                    std::string_view op) {
+                    std::string_view op, const AttentionScores& scores, Tensor* tanh_out) {
   const Dims d = check_attention_forward(op, out, att, qkv, n_head, n_kv_head);
+  check_attention_scores(op, scores, tanh_out, att, qkv);
   CachingAllocator& alloc = *(out ? out : &att)->allocator();
   auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, d.t, d.hd});
   auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {d.t, d.t});
   auto out_buf = scratch_if(out && out->dtype() != DType::F32, alloc, {d.t, d.hd});
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
+  const float scale = scores.scale_for(d.hd);
   const std::int64_t tt = d.t;
   const bool lowp = qkv.dtype() != DType::F32;
   auto slice = [&](std::int64_t b, std::int64_t h) {
@@ -123,6 +138,12 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int
       float* row = p + t * tt;
       const std::int64_t n = t + 1;
       round_to(qkv.dtype(), row, n);  // the scores, as CUDA's GEMM writes them
+      if (tanh_out) {                 // masked entries of tanh are 0, as CUDA writes them
+        softcap_row(row, n, scores.softcap, *tanh_out, att_off + t * tt, qkv.dtype());
+        static const float kZeros[kChunk] = {};
+        for (std::int64_t j = n; j < tt; j += kChunk)
+          write_f32(*tanh_out, att_off + t * tt + j, std::min(kChunk, tt - j), kZeros);
+      }
       const float mx = vec::max(row, n);
       const float inv = static_cast<float>(1.0 / vec::exp_sum(row, mx, row, n));
       vec::scale(row, inv, row, n);
@@ -159,17 +180,20 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int
 }  // namespace
 
 void CpuOps::attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
-                               int n_kv_head) {
-  attention_impl(&out, att, qkv, n_head, n_kv_head, "attention_forward");
+                               int n_kv_head, const AttentionScores& scores, Tensor* tanh_out) {
+  attention_impl(&out, att, qkv, n_head, n_kv_head, "attention_forward", scores, tanh_out);
 }
 
-void CpuOps::attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) {
-  attention_impl(nullptr, att, qkv, n_head, n_kv_head, "attention_probs");
+void CpuOps::attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
+                             const AttentionScores& scores, Tensor* tanh_out) {
+  attention_impl(nullptr, att, qkv, n_head, n_kv_head, "attention_probs", scores, tanh_out);
 }
 
 void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                const Tensor& att, int n_head, int n_kv_head) {
+                                const Tensor& att, int n_head, int n_kv_head,
+                                const AttentionScores& scores, const Tensor* tanh_in) {
   const Dims d = check_attention_backward(dqkv, dout, qkv, att, n_head, n_kv_head);
+  check_attention_scores("attention_backward", scores, tanh_in, att, qkv);
   CachingAllocator& alloc = *dqkv.allocator();
   const std::int64_t tt = d.t, hd = d.hd;
   const DType dt = qkv.dtype();
@@ -187,7 +211,7 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
   // dqkv of another dtype than a 16-bit qkv is computed in qkv's dtype first, as CUDA's GEMMs
   // write it: dq per head, dk and dv once their group is summed.
   const bool round_dqkv = lowp && dqkv.dtype() != dt;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = scores.scale_for(hd);
   // Query head h of sequence b; `first` says whether it is the first of its kv head's group
   // (its dk, dv overwrite rather than add).
   auto slice = [&](std::int64_t b, std::int64_t h, bool first) {
@@ -231,6 +255,15 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
       const auto dot = static_cast<float>(vec::dot(pr, dr, t + 1));
       for (std::int64_t j = 0; j <= t; ++j) dr[j] = pr[j] * (dr[j] - dot);
       std::fill(dr + t + 1, dr + tt, 0.0f);
+      if (tanh_in) {  // soft-capping: dS of the raw scores, after CUDA's rounding of dS
+        round_to(dt, dr, t + 1);
+        for (std::int64_t o = 0; o <= t; o += kChunk) {
+          const std::int64_t len = std::min(kChunk, t + 1 - o);
+          float bt[kChunk];
+          const float* th = read_f32(*tanh_in, att_off + t * tt + o, len, bt);
+          for (std::int64_t j = 0; j < len; ++j) dr[o + j] *= 1.0f - th[j] * th[j];
+        }
+      }
     }
     round_to(dt, ds, tt * tt);
     causal_blocks(tt, [&](std::int64_t r0, std::int64_t r1) {  // dQ = s·dS·K

@@ -1,7 +1,8 @@
-// Element-wise ops: fill, cast, add, scale, GELU, ReLU, SwiGLU. Chunked so that each chunk is read
-// into fp32 (in place for F32), transformed, and rounded back to the output's dtype; the
-// exp-based activations run kernels/cpu/cpu_vec.h's vector loops.
+// Element-wise ops: fill, cast, add, scale, GELU, ReLU, SwiGLU, GeGLU, soft-capping. Chunked so
+// that each chunk is read into fp32 (in place for F32), transformed, and rounded back to the
+// output's dtype; the exp-based activations run kernels/cpu/cpu_vec.h's vector loops.
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cpu/cpu_ops_impl.h"
 #include "kernels/cpu/cpu_vec.h"
@@ -118,6 +119,54 @@ void CpuOps::swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, con
     vec::swiglu_backward(d, g, u, dg, du, len);
     write_f32(dgate, off, len, dg);
     write_f32(dup, off, len, du);
+  });
+}
+
+// GeGLU from the GELU loops: gelu(g)·u; dgate = gelu'(g)·(dout·u), dup = dout·gelu(g).
+void CpuOps::geglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
+  check_binary("geglu_forward", out, gate, up);
+  map2(out, gate, up, [](const float* g, const float* u, float* y, std::int64_t n) {
+    float a[kChunk];
+    vec::gelu_forward(g, a, n);
+    for (std::int64_t i = 0; i < n; ++i) y[i] = a[i] * u[i];
+  });
+}
+
+void CpuOps::geglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                            const Tensor& up) {
+  check_swiglu_backward(dgate, dup, dout, gate, up, "geglu_backward");
+  for_chunks(gate.numel(), [&](std::int64_t off, std::int64_t len) {
+    float bd[kChunk], bg[kChunk], bu[kChunk], bdg[kChunk], bdu[kChunk], du_[kChunk], a[kChunk];
+    const float* d = read_f32(dout, off, len, bd);
+    const float* g = read_f32(gate, off, len, bg);
+    const float* u = read_f32(up, off, len, bu);
+    // Every input is read into its own buffer before an output is written: outputs may alias.
+    for (std::int64_t i = 0; i < len; ++i) du_[i] = d[i] * u[i];
+    vec::gelu_forward(g, a, len);
+    for (std::int64_t i = 0; i < len; ++i) a[i] *= d[i];  // dup
+    float* dg = dest_f32(dgate, off, bdg);
+    vec::gelu_backward(du_, g, dg, len);
+    float* du = dest_f32(dup, off, bdu);
+    std::copy(a, a + len, du);
+    write_f32(dgate, off, len, dg);
+    write_f32(dup, off, len, du);
+  });
+}
+
+void CpuOps::softcap_forward(Tensor& out, const Tensor& inp, float cap) {
+  check_unary("softcap_forward", out, inp);
+  map1(out, inp, [cap](const float* x, float* y, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = cap * std::tanh(x[i] / cap);
+  });
+}
+
+void CpuOps::softcap_backward(Tensor& dinp, const Tensor& dout, const Tensor& out, float cap) {
+  check_binary("softcap_backward", dinp, dout, out);
+  map2(dinp, dout, out, [cap](const float* g, const float* o, float* y, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float th = o[i] / cap;
+      y[i] = g[i] * (1.0f - th * th);
+    }
   });
 }
 

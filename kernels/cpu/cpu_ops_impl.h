@@ -156,11 +156,13 @@ class CpuOps final : public Ops {
   void softmax_forward(Tensor& out, const Tensor& inp) override;
   void softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) override;
 
-  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
-                         int n_kv_head) override;
-  void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) override;
+  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
+                         const AttentionScores& scores = {}, Tensor* tanh_out = nullptr) override;
+  void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
+                       const AttentionScores& scores = {}, Tensor* tanh_out = nullptr) override;
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          int n_head, int n_kv_head) override;
+                          int n_head, int n_kv_head, const AttentionScores& scores = {},
+                          const Tensor* tanh_in = nullptr) override;
   void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
                                int n_kv_head) override;
   void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
@@ -202,14 +204,20 @@ class CpuOps final : public Ops {
   void maxpool2d_backward(Tensor& dinp, const Tensor& dout, const Tensor& argmax) override;
 
   void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
-                       float eps) override;
+                       float eps, bool unit_offset = false) override;
   void rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp,
-                        const Tensor& weight, const Tensor& rstd, bool accumulate) override;
+                        const Tensor& weight, const Tensor& rstd, bool accumulate,
+                        bool unit_offset = false) override;
   void rope_forward(Tensor& qkv, int n_head, int n_kv_head, const RopeConfig& rope) override;
   void rope_backward(Tensor& dqkv, int n_head, int n_kv_head, const RopeConfig& rope) override;
   void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
                        const Tensor& up) override;
+  void geglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override;
+  void geglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                      const Tensor& up) override;
+  void softcap_forward(Tensor& out, const Tensor& inp, float cap) override;
+  void softcap_backward(Tensor& dinp, const Tensor& dout, const Tensor& out, float cap) override;
 
   bool unscale_and_check(std::span<Tensor* const> grads, float inv_scale) override;
   void optimizer_update(const OptimizerHyper& h, Tensor& param, const Tensor& grad, Tensor* state0,

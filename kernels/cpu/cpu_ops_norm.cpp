@@ -176,9 +176,10 @@ void CpuOps::softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& ou
 }
 
 // RMSNorm: the layout of layer-norm above without the mean and bias. x·rstd is rounded to inp's
-// dtype before the weight multiplies it (HF's LlamaRMSNorm), hence round_f32 on each chunk.
+// dtype before the weight multiplies it (HF's LlamaRMSNorm), hence round_f32 on each chunk;
+// unit_offset (Gemma2RMSNorm) multiplies the unrounded x·rstd by 1 + w instead.
 void CpuOps::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
-                             float eps) {
+                             float eps, bool unit_offset) {
   const auto [n, c] = check_rmsnorm_forward(out, rstd, inp, weight);
   if (c == 0) return;
 #pragma omp parallel for schedule(static) if (n * c >= kParallelGrain)
@@ -197,9 +198,13 @@ void CpuOps::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const
       const float* x = read_f32(inp, base + o, len, bx);
       const float* w = read_f32(weight, o, len, bw);
       for (std::int64_t j = 0; j < len; ++j) norm[j] = x[j] * s;
-      round_f32(norm, len, inp.dtype());
       float* y = dest_f32(out, base + o, bo);
-      for (std::int64_t j = 0; j < len; ++j) y[j] = w[j] * norm[j];
+      if (unit_offset) {
+        for (std::int64_t j = 0; j < len; ++j) y[j] = norm[j] * (1.0f + w[j]);
+      } else {
+        round_f32(norm, len, inp.dtype());
+        for (std::int64_t j = 0; j < len; ++j) y[j] = w[j] * norm[j];
+      }
       write_f32(out, base + o, len, y);
     }
     rstd.as<float>()[r] = s;
@@ -207,7 +212,9 @@ void CpuOps::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const
 }
 
 void CpuOps::rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp,
-                              const Tensor& weight, const Tensor& rstd, bool accumulate) {
+                              const Tensor& weight, const Tensor& rstd, bool accumulate,
+                              bool unit_offset) {
+  const float off = unit_offset ? 1.0f : 0.0f;  // the weight is off + w
   const auto [n, c] = check_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd);
   const float* rs = rstd.as<float>();
   // The weight gradient first (column blocks per thread, rows in order: deterministic), since
@@ -220,7 +227,7 @@ void CpuOps::rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout,
         const float* x = read_f32(inp, r * c + o, len, bx);
         const float* g = read_f32(dout, r * c + o, len, bg);
         for (std::int64_t j = 0; j < len; ++j) norm[j] = x[j] * rs[r];
-        round_f32(norm, len, inp.dtype());
+        if (!unit_offset) round_f32(norm, len, inp.dtype());
         for (std::int64_t j = 0; j < len; ++j) acc[j] += g[j] * norm[j];
       }
       store_param_grad(*dweight, o, len, acc, accumulate);
@@ -237,7 +244,7 @@ void CpuOps::rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout,
       const float* x = read_f32(inp, base + o, len, bx);
       const float* g = read_f32(dout, base + o, len, bg);
       const float* w = read_f32(weight, o, len, bw);
-      for (std::int64_t j = 0; j < len; ++j) dot += w[j] * g[j] * (x[j] * rs[r]);
+      for (std::int64_t j = 0; j < len; ++j) dot += (off + w[j]) * g[j] * (x[j] * rs[r]);
     }
     const float m = static_cast<float>(dot / static_cast<double>(c));
     for (std::int64_t o = 0; o < c; o += kChunk) {
@@ -246,7 +253,8 @@ void CpuOps::rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout,
       const float* g = read_f32(dout, base + o, len, bg);
       const float* w = read_f32(weight, o, len, bw);
       float* y = dest_f32(dinp, base + o, bo);
-      for (std::int64_t j = 0; j < len; ++j) y[j] = (w[j] * g[j] - x[j] * rs[r] * m) * rs[r];
+      for (std::int64_t j = 0; j < len; ++j)
+        y[j] = ((off + w[j]) * g[j] - x[j] * rs[r] * m) * rs[r];
       write_f32(dinp, base + o, len, y);
     }
   }

@@ -116,6 +116,13 @@ void launch_channel_bias_add(void* out, DType ot, const void* bias, DType bt, st
 // NCHW: dst (C) (+)= Σ over (N, HW) of src (N, C, HW).
 void launch_channel_sum(void* dst, DType dt, const void* src, DType st, std::int64_t n,
                         std::int64_t c, std::int64_t hw, bool accumulate, cudaStream_t s);
+// Gemma 2's soft-capped scores (kernels/ops.h AttentionScores), in place on n = slices·T·T scores
+// of dtype t: tanh_out = tanh(s / cap) (masked entries 0), s = cap·tanh; and backward
+// ds *= 1 − tanh².
+void launch_softcap_scores(void* s, void* tanh_out, DType t, std::int64_t n, std::int64_t len,
+                           float cap, cudaStream_t stream);
+void launch_softcap_scores_backward(void* ds, const void* tanh_in, DType t, std::int64_t n,
+                                    cudaStream_t stream);
 // Causal softmax in place over rows of length T (row r is position r % T of its slice);
 // masked entries become exactly 0.
 void launch_causal_softmax(void* att, DType t, std::int64_t rows, std::int64_t len, cudaStream_t s);
@@ -194,11 +201,13 @@ class CudaOps final : public Ops {
   void softmax_forward(Tensor& out, const Tensor& inp) override;
   void softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& out) override;
 
-  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
-                         int n_kv_head) override;
-  void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) override;
+  void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
+                         const AttentionScores& scores = {}, Tensor* tanh_out = nullptr) override;
+  void attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
+                       const AttentionScores& scores = {}, Tensor* tanh_out = nullptr) override;
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          int n_head, int n_kv_head) override;
+                          int n_head, int n_kv_head, const AttentionScores& scores = {},
+                          const Tensor* tanh_in = nullptr) override;
   void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
                                int n_kv_head) override;
   void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
@@ -240,14 +249,20 @@ class CudaOps final : public Ops {
   void maxpool2d_backward(Tensor& dinp, const Tensor& dout, const Tensor& argmax) override;
 
   void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
-                       float eps) override;
+                       float eps, bool unit_offset = false) override;
   void rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp,
-                        const Tensor& weight, const Tensor& rstd, bool accumulate) override;
+                        const Tensor& weight, const Tensor& rstd, bool accumulate,
+                        bool unit_offset = false) override;
   void rope_forward(Tensor& qkv, int n_head, int n_kv_head, const RopeConfig& rope) override;
   void rope_backward(Tensor& dqkv, int n_head, int n_kv_head, const RopeConfig& rope) override;
   void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
                        const Tensor& up) override;
+  void geglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) override;
+  void geglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                      const Tensor& up) override;
+  void softcap_forward(Tensor& out, const Tensor& inp, float cap) override;
+  void softcap_backward(Tensor& dinp, const Tensor& dout, const Tensor& out, float cap) override;
 
   bool unscale_and_check(std::span<Tensor* const> grads, float inv_scale) override;
   void optimizer_update(const OptimizerHyper& h, Tensor& param, const Tensor& grad, Tensor* state0,
@@ -264,7 +279,7 @@ class CudaOps final : public Ops {
   void* small_scratch();
   cudnnHandle_t cudnn();  // created on first use: cuDNN loads its sub-libraries lazily
   void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
-                      std::string_view op);
+                      std::string_view op, const AttentionScores& scores, Tensor* tanh_out);
 
   using ConvKey = std::array<std::int64_t, 12>;
   struct ConvDescs;  // cuDNN descriptors of one convolution (cuda_ops_conv.cpp)

@@ -48,12 +48,13 @@ GemmDesc head_gemm(DType d, const Dims& dm, std::int64_t m, std::int64_t n, std:
 }  // namespace
 
 void CudaOps::attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
-                             std::string_view op) {
+                             std::string_view op, const AttentionScores& scores, Tensor* tanh_out) {
   const Dims d = check_attention_forward(op, out, att, qkv, n_head, n_kv_head);
+  check_attention_scores(op, scores, tanh_out, att, qkv);
   if (d.b == 0 || d.t == 0) return;
   const DType dt = qkv.dtype();
   const std::int64_t tt = d.t, rep = d.group();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
+  const float scale = scores.scale_for(d.hd);
   AsDTypeOut att_(att, dt, false, stream_);
   for (std::int64_t b = 0; b < d.b; ++b)
     for (std::int64_t r = 0; r < rep; ++r) {
@@ -72,6 +73,9 @@ void CudaOps::attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_
       g.alpha = scale;
       gemm(g);
     }
+  if (tanh_out)  // soft-capping of the rounded scores, before the softmax
+    launch_softcap_scores(att_.data(), tanh_out->data(), dt, d.b * d.nh * tt * tt, tt,
+                          scores.softcap, stream_);
   launch_causal_softmax(att_.data(), dt, d.b * d.nh * tt, tt, stream_);
   if (out) {
     AsDTypeOut out_(*out, dt, false, stream_);
@@ -96,24 +100,27 @@ void CudaOps::attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_
 }
 
 void CudaOps::attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
-                                int n_kv_head) {
+                                int n_kv_head, const AttentionScores& scores, Tensor* tanh_out) {
   NvtxRange range("attention_forward");
-  attention_impl(&out, att, qkv, n_head, n_kv_head, "attention_forward");
+  attention_impl(&out, att, qkv, n_head, n_kv_head, "attention_forward", scores, tanh_out);
 }
 
-void CudaOps::attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) {
+void CudaOps::attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_kv_head,
+                              const AttentionScores& scores, Tensor* tanh_out) {
   NvtxRange range("attention_probs");
-  attention_impl(nullptr, att, qkv, n_head, n_kv_head, "attention_probs");
+  attention_impl(nullptr, att, qkv, n_head, n_kv_head, "attention_probs", scores, tanh_out);
 }
 
 void CudaOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                 const Tensor& att, int n_head, int n_kv_head) {
+                                 const Tensor& att, int n_head, int n_kv_head,
+                                 const AttentionScores& scores, const Tensor* tanh_in) {
   NvtxRange range("attention_backward");
   const Dims d = check_attention_backward(dqkv, dout, qkv, att, n_head, n_kv_head);
+  check_attention_scores("attention_backward", scores, tanh_in, att, qkv);
   if (d.b == 0 || d.t == 0) return;
   const DType dt = qkv.dtype();
   const std::int64_t tt = d.t, rep = d.group();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
+  const float scale = scores.scale_for(d.hd);
   // dq, dk, dv in qkv's dtype, or fp32 when dk and dv sum over several query heads.
   const DType acc = rep > 1 ? DType::F32 : dt;
   CachingAllocator& alloc = *dqkv.allocator();
@@ -159,6 +166,9 @@ void CudaOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor&
     // dS = P ⊙ (dP − Σ_j P·dP), in place; the 1/√hd of the scores goes into the GEMMs' alpha.
     launch_causal_softmax_backward(dp.data(), dt, at(att_.data(), dt, slab), dt, d.nh * tt, tt,
                                    stream_);
+    if (tanh_in)  // soft-capping: dS of the raw scores
+      launch_softcap_scores_backward(dp.data(), at(tanh_in->data(), dt, slab), dt, d.nh * tt * tt,
+                                     stream_);
     for (std::int64_t r = 0; r < rep; ++r) {
       {  // dq[b, :, h] (T, hd) = scale · dS[h] (T, T) · k[b, :, g] (T, hd)
         GemmDesc g = head_gemm(dt, d, tt, d.hd, tt);

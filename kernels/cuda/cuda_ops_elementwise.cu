@@ -1,7 +1,8 @@
-// Element-wise ops (fill, cast, add, scale, GELU, ReLU, SwiGLU) and the small launchers other files
-// share (casts, gradient stores, bias adds). Each thread handles 4 consecutive elements with one
-// vector load per operand (16 B for fp32, 8 B for 16-bit) when every pointer is aligned for it —
-// always, for tensors from the caching allocator — and a scalar tail covers n % 4.
+// Element-wise ops (fill, cast, add, scale, GELU, ReLU, SwiGLU, GeGLU, soft-capping) and the small
+// launchers other files share (casts, gradient stores, bias adds). Each thread handles 4
+// consecutive elements with one vector load per operand (16 B for fp32, 8 B for 16-bit) when every
+// pointer is aligned for it — always, for tensors from the caching allocator — and a scalar tail
+// covers n % 4.
 #include <algorithm>
 #include <cstdint>
 
@@ -151,6 +152,70 @@ __global__ void swiglu_bwd_any_kernel(AnyOut dgate, AnyOut dup, AnyIn dout, AnyI
   }
 }
 
+// GeGLU (Gemma2MLP): gelu(g)·u with Gelu's tanh form; backward as swiglu's, one dtype or any.
+struct GeluMul {  // (gate, up)
+  __device__ float operator()(float g, float u) const { return Gelu{}(g)*u; }
+};
+
+template <typename T>
+__global__ void geglu_bwd_kernel(T* dgate, T* dup, const T* dout, const T* gate, const T* up,
+                                 std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const float x = to_f(gate[i]), d = to_f(dout[i]), u = to_f(up[i]);
+    dgate[i] = from_f<T>(GeluBackward{}(d * u, x));
+    dup[i] = from_f<T>(d * Gelu{}(x));
+  }
+}
+
+__global__ void geglu_bwd_any_kernel(AnyOut dgate, AnyOut dup, AnyIn dout, AnyIn gate, AnyIn up,
+                                     std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const float x = gate[i], d = dout[i], u = up[i];
+    dgate.store(i, GeluBackward{}(d * u, x));
+    dup.store(i, d * Gelu{}(x));
+  }
+}
+
+struct Softcap {
+  float cap;
+  __device__ float operator()(float x) const { return cap * tanhf(x / cap); }
+};
+struct SoftcapBackward {  // (dout, out)
+  float cap;
+  __device__ float operator()(float g, float o) const {
+    const float th = o / cap;
+    return g * (1.0f - th * th);
+  }
+};
+
+// Scores (slices, len, len) in place: element i is row (i / len) % len, column i % len.
+template <typename T>
+__global__ void softcap_scores_kernel(T* s, T* tanh_out, std::int64_t n, std::int64_t len,
+                                      float cap) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const bool masked = i % len > (i / len) % len;
+    const float th = masked ? 0.0f : tanhf(to_f(s[i]) / cap);
+    tanh_out[i] = from_f<T>(th);
+    s[i] = from_f<T>(cap * th);
+  }
+}
+
+template <typename T>
+__global__ void softcap_scores_bwd_kernel(T* ds, const T* tanh_in, std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const float th = to_f(tanh_in[i]);
+    ds[i] = from_f<T>(to_f(ds[i]) * (1.0f - th * th));
+  }
+}
+
 template <typename F>
 void map1(void* out, DType ot, const void* a, DType at, std::int64_t n, F f, cudaStream_t s,
           std::string_view what) {
@@ -201,6 +266,28 @@ void launch_cast(void* dst, DType dt, const void* src, DType st, std::int64_t n,
 
 void launch_scale(void* p, DType t, std::int64_t n, float s, cudaStream_t stream) {
   map1(p, t, p, t, n, Scale{s}, stream, "scale");
+}
+
+void launch_softcap_scores(void* s, void* tanh_out, DType t, std::int64_t n, std::int64_t len,
+                           float cap, cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch_float(t, "softcap_scores", [&](auto tag) {
+    using T = decltype(tag);
+    softcap_scores_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(
+        static_cast<T*>(s), static_cast<T*>(tanh_out), n, len, cap);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void launch_softcap_scores_backward(void* ds, const void* tanh_in, DType t, std::int64_t n,
+                                    cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch_float(t, "softcap_scores_backward", [&](auto tag) {
+    using T = decltype(tag);
+    softcap_scores_bwd_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(
+        static_cast<T*>(ds), static_cast<const T*>(tanh_in), n);
+    CUDA_CHECK_LAUNCH();
+  });
 }
 
 void launch_store_grad(void* dst, DType dt, const void* src, DType st, std::int64_t n,
@@ -323,6 +410,48 @@ void CudaOps::swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, co
       AnyIn{dout.data(), dout.dtype()}, AnyIn{gate.data(), gate.dtype()},
       AnyIn{up.data(), up.dtype()}, n);
   CUDA_CHECK_LAUNCH();
+}
+
+void CudaOps::geglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
+  NvtxRange range("geglu_forward");
+  check_binary("geglu_forward", out, gate, up);
+  map2(out, gate, up, GeluMul{}, stream_, "geglu_forward");
+}
+
+void CudaOps::geglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                             const Tensor& up) {
+  NvtxRange range("geglu_backward");
+  check_swiglu_backward(dgate, dup, dout, gate, up, "geglu_backward");
+  const std::int64_t n = gate.numel();
+  if (n == 0) return;
+  const DType t = gate.dtype();
+  if (dgate.dtype() == t && dup.dtype() == t && dout.dtype() == t && up.dtype() == t) {
+    dispatch_float(t, "geglu_backward", [&](auto tag) {
+      using T = decltype(tag);
+      geglu_bwd_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(
+          dgate.as<T>(), dup.as<T>(), dout.as<T>(), gate.as<T>(), up.as<T>(), n);
+      CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
+  geglu_bwd_any_kernel<<<grid_for(n), kThreads, 0, stream_>>>(
+      AnyOut{dgate.data(), dgate.dtype()}, AnyOut{dup.data(), dup.dtype()},
+      AnyIn{dout.data(), dout.dtype()}, AnyIn{gate.data(), gate.dtype()},
+      AnyIn{up.data(), up.dtype()}, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaOps::softcap_forward(Tensor& out, const Tensor& inp, float cap) {
+  NvtxRange range("softcap_forward");
+  check_unary("softcap_forward", out, inp);
+  map1(out.data(), out.dtype(), inp.data(), inp.dtype(), out.numel(), Softcap{cap}, stream_,
+       "softcap_forward");
+}
+
+void CudaOps::softcap_backward(Tensor& dinp, const Tensor& dout, const Tensor& out, float cap) {
+  NvtxRange range("softcap_backward");
+  check_binary("softcap_backward", dinp, dout, out);
+  map2(dinp, dout, out, SoftcapBackward{cap}, stream_, "softcap_backward");
 }
 
 }  // namespace memtrade::cuda

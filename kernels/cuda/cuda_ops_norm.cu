@@ -109,13 +109,14 @@ __global__ void layernorm_param_grad_kernel(AnyOut dweight, AnyOut dbias, const 
 template <typename TG, typename TI>
 __global__ void rmsnorm_param_grad_kernel(AnyOut dweight, const TG* dout, const TI* inp,
                                           const float* rstd, std::int64_t rows, std::int64_t c,
-                                          bool accumulate) {
+                                          bool accumulate, bool unit_offset) {
   __shared__ float sw[kColRows][33];
   const std::int64_t col = blockIdx.x * 32 + threadIdx.x;
   float acc = 0.0f;
   if (col < c) {
     for (std::int64_t r = threadIdx.y; r < rows; r += kColRows) {
-      const float norm = to_f(from_f<TI>(to_f(inp[r * c + col]) * rstd[r]));
+      const float raw = to_f(inp[r * c + col]) * rstd[r];  // unrounded with unit_offset
+      const float norm = unit_offset ? raw : to_f(from_f<TI>(raw));
       acc += to_f(dout[r * c + col]) * norm;
     }
   }
@@ -243,10 +244,11 @@ __global__ void causal_softmax_bwd_kernel(TD* dp, const TP* p, std::int64_t rows
 }
 
 // RMSNorm: layer-norm's kernels without the mean and bias; x·rstd is rounded to inp's dtype
-// before the weight multiplies it (HF's LlamaRMSNorm), as on the CPU.
+// before the weight multiplies it (HF's LlamaRMSNorm), as on the CPU; unit_offset
+// (Gemma2RMSNorm): (x·rstd)·(1 + w) in fp32, rounded once.
 template <typename TO, typename TI>
 __global__ void rmsnorm_fwd_kernel(TO* out, float* rstd, const TI* inp, AnyIn w, std::int64_t rows,
-                                   std::int64_t c, float eps) {
+                                   std::int64_t c, float eps, bool unit_offset) {
   const int lane = threadIdx.x % 32;
   MEMTRADE_FOR_WARP_ROWS(r, rows) {
     const TI* x = inp + r * c;
@@ -258,25 +260,28 @@ __global__ void rmsnorm_fwd_kernel(TO* out, float* rstd, const TI* inp, AnyIn w,
     const float s = static_cast<float>(1.0 / sqrt(warp_sum(ss) / static_cast<double>(c) + eps));
     TO* y = out + r * c;
     for (std::int64_t j = lane; j < c; j += 32)
-      y[j] = from_f<TO>(w[j] * to_f(from_f<TI>(to_f(x[j]) * s)));
+      y[j] = from_f<TO>(unit_offset ? to_f(x[j]) * s * (1.0f + w[j])
+                                    : w[j] * to_f(from_f<TI>(to_f(x[j]) * s)));
     if (lane == 0) rstd[r] = s;
   }
 }
 
 template <typename TD, typename TG, typename TI>
 __global__ void rmsnorm_bwd_kernel(TD* dinp, const TG* dout, const TI* inp, AnyIn w,
-                                   const float* rstd, std::int64_t rows, std::int64_t c) {
+                                   const float* rstd, std::int64_t rows, std::int64_t c,
+                                   float off) {  // the weight is off + w
   const int lane = threadIdx.x % 32;
   MEMTRADE_FOR_WARP_ROWS(r, rows) {
     const TG* g = dout + r * c;
     const TI* x = inp + r * c;
     const float rs = rstd[r];
     double dot = 0.0;
-    for (std::int64_t j = lane; j < c; j += 32) dot += w[j] * to_f(g[j]) * (to_f(x[j]) * rs);
+    for (std::int64_t j = lane; j < c; j += 32)
+      dot += (off + w[j]) * to_f(g[j]) * (to_f(x[j]) * rs);
     const float m = static_cast<float>(warp_sum(dot) / static_cast<double>(c));
     TD* dx = dinp + r * c;
     for (std::int64_t j = lane; j < c; j += 32)
-      dx[j] = from_f<TD>((w[j] * to_f(g[j]) - to_f(x[j]) * rs * m) * rs);
+      dx[j] = from_f<TD>(((off + w[j]) * to_f(g[j]) - to_f(x[j]) * rs * m) * rs);
   }
 }
 
@@ -441,7 +446,7 @@ void CudaOps::softmax_backward(Tensor& dinp, const Tensor& dout, const Tensor& o
 }
 
 void CudaOps::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
-                              float eps) {
+                              float eps, bool unit_offset) {
   NvtxRange range("rmsnorm_forward");
   constexpr std::string_view op = "rmsnorm_forward";
   const RowDims dims = check_rmsnorm_forward(out, rstd, inp, weight);
@@ -453,14 +458,15 @@ void CudaOps::rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, cons
       using TI = decltype(x);
       rmsnorm_fwd_kernel<TO, TI><<<grid_for_rows(n), kThreads, 0, stream_>>>(
           out.as<TO>(), rstd.as<float>(), inp.as<TI>(), AnyIn{weight.data(), weight.dtype()}, n, c,
-          eps);
+          eps, unit_offset);
       CUDA_CHECK_LAUNCH();
     });
   });
 }
 
 void CudaOps::rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp,
-                               const Tensor& weight, const Tensor& rstd, bool accumulate) {
+                               const Tensor& weight, const Tensor& rstd, bool accumulate,
+                               bool unit_offset) {
   NvtxRange range("rmsnorm_backward");
   constexpr std::string_view op = "rmsnorm_backward";
   const RowDims dims = check_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd);
@@ -474,7 +480,7 @@ void CudaOps::rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout
         using TI = decltype(x);
         rmsnorm_param_grad_kernel<TG, TI><<<col_blocks(c), dim3(32, kColRows), 0, stream_>>>(
             AnyOut{dweight->data(), dweight->dtype()}, dout.as<TG>(), inp.as<TI>(),
-            rstd.as<float>(), n, c, accumulate);
+            rstd.as<float>(), n, c, accumulate, unit_offset);
         CUDA_CHECK_LAUNCH();
       });
     });
@@ -488,7 +494,7 @@ void CudaOps::rmsnorm_backward(Tensor& dinp, Tensor* dweight, const Tensor& dout
         using TI = decltype(x);
         rmsnorm_bwd_kernel<TD, TG, TI><<<grid_for_rows(n), kThreads, 0, stream_>>>(
             dinp.as<TD>(), dout.as<TG>(), inp.as<TI>(), AnyIn{weight.data(), weight.dtype()},
-            rstd.as<float>(), n, c);
+            rstd.as<float>(), n, c, unit_offset ? 1.0f : 0.0f);
         CUDA_CHECK_LAUNCH();
       });
     });

@@ -38,7 +38,7 @@ std::optional<std::int64_t> as_int64(const json& v) {
 
 constexpr std::string_view kArchitectures =
     "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, "
-    "MixtralForCausalLM, Qwen2MoeForCausalLM and GPT2LMHeadModel";
+    "Gemma2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM and GPT2LMHeadModel";
 
 // head_dim as a projection's split: at most what the rotary kernels take (kernels/ops.h).
 constexpr DecoderBound kMaxHeadDim{"head dim", kRopeMaxHeadDim};
@@ -126,13 +126,13 @@ Llama3RopeScaling llama3_scaling(const json& s) {
 
 // LlamaForCausalLM, and the architectures that are it with another mapping of their keys
 // (transformers 4.46.3: modeling_llama.py, modeling_qwen2.py, modeling_mistral.py,
-// modeling_phi3.py; Qwen3, which 4.46.3 lacks: 4.51.0's modeling_qwen3.py). One place per family
-// below says what it reads differently.
+// modeling_phi3.py, modeling_gemma2.py; Qwen3, which 4.46.3 lacks: 4.51.0's modeling_qwen3.py).
+// One place per family below says what it reads differently.
 LlamaConfig llama_from(const json& j, const ConfigFile& file, const std::string& arch) {
   const Keys k(j, arch.c_str());
   const bool llama = arch == "LlamaForCausalLM", qwen2 = arch == "Qwen2ForCausalLM";
   const bool mistral = arch == "MistralForCausalLM", phi3 = arch == "Phi3ForCausalLM";
-  const bool qwen3 = arch == "Qwen3ForCausalLM";
+  const bool qwen3 = arch == "Qwen3ForCausalLM", gemma2 = arch == "Gemma2ForCausalLM";
   LlamaConfig c;
   c.name = file.name;
   c.file = file;
@@ -147,9 +147,13 @@ LlamaConfig llama_from(const json& j, const ConfigFile& file, const std::string&
   // The configs' defaults: LlamaConfig's, Qwen2Config's and MistralConfig's 1e-6, Phi3Config's
   // 1e-5.
   c.norm_eps = k.positive_number("rms_norm_eps", phi3 ? 1e-5 : 1e-6);
-  c.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
+  // Gemma2Config ties by default, the others not.
+  c.tie_word_embeddings = k.boolean("tie_word_embeddings", gemma2);
   c.architecture = arch;
-  if (llama || mistral || qwen3) {
+  if (gemma2) {
+    // Gemma2Attention: config.head_dim (Gemma2Config's default 256).
+    c.head_dim = k.positive_int("head_dim", 256, kMaxHeadDim);
+  } else if (llama || mistral || qwen3) {
     // LlamaAttention reads getattr(config, "head_dim", hidden_size // num_heads), Mistral's
     // config.head_dim (default the same), Qwen3's too (Qwen3Config's default 128): the
     // projections are NH·head_dim wide, whatever C is.
@@ -177,9 +181,35 @@ LlamaConfig llama_from(const json& j, const ConfigFile& file, const std::string&
                     "rope_scaling null)",
                     echo_json(j.at("rope_scaling"))));
   }
-  k.require("hidden_act", std::string("silu"), k.text("hidden_act", "silu"),
-            "the MLP is SwiGLU, silu");
-  if (qwen3) {
+  if (gemma2) {
+    // Gemma2MLP reads ACT2FN[config.hidden_activation] (hidden_act is not read in 4.46.3).
+    k.require("hidden_activation", std::string("gelu_pytorch_tanh"),
+              k.text("hidden_activation", "gelu_pytorch_tanh"), "the MLP is GeGLU, tanh GELU");
+  } else {
+    k.require("hidden_act", std::string("silu"), k.text("hidden_act", "silu"),
+              "the MLP is SwiGLU, silu");
+  }
+  if (gemma2) {
+    // Gemma2Model / Gemma2DecoderLayer / Gemma2Attention / Gemma2ForCausalLM (modeling_gemma2.py):
+    // (1 + w) RMSNorms and four per layer, GeGLU, embeddings · √hidden_size, scaling =
+    // query_pre_attn_scalar**-0.5 (default 224), attn_logit_softcapping (50.0) and
+    // final_logit_softcapping (30.0; null: none), q/k/v/o bias = attention_bias (false);
+    // sliding_window (4096) bands the layers with an even index, checked against the sequence
+    // length as Mistral's (models/families/llama.h). Its rotary embedding reads no rope_scaling.
+    c.gemma_norms = c.geglu = c.embed_scale = true;
+    c.qkv_bias = c.o_bias = k.boolean("attention_bias", false);
+    c.query_pre_attn_scalar = k.positive_number("query_pre_attn_scalar", 224.0);
+    const auto cap = [&](const char* key, double fallback) {
+      if (j.contains(key) && j.at(key).is_null()) return 0.0;  // null: no soft-capping
+      return k.positive_number(key, fallback);
+    };
+    c.attn_softcap = cap("attn_logit_softcapping", 50.0);
+    c.final_softcap = cap("final_logit_softcapping", 30.0);
+    if (k.has("sliding_window"))
+      c.sliding_window = k.positive_int("sliding_window");
+    else if (!j.contains("sliding_window"))
+      c.sliding_window = 4096;
+  } else if (qwen3) {
     // Qwen3Attention (transformers 4.51.0 modeling_qwen3.py): q/k/v and o_proj bias =
     // attention_bias (default false), q_norm and k_norm; Qwen3MLP bias-free. The sliding window
     // as Qwen2's.
@@ -322,7 +352,7 @@ HfModelConfig parse_hf_config(std::string_view text, const ConfigFile& file) {
     fail(fmt::format("architectures must name one architecture, got {}", echo_json(arch)));
   const std::string name = arch[0].get<std::string>();
   if (name == "LlamaForCausalLM" || name == "Qwen2ForCausalLM" || name == "MistralForCausalLM" ||
-      name == "Phi3ForCausalLM" || name == "Qwen3ForCausalLM")
+      name == "Phi3ForCausalLM" || name == "Qwen3ForCausalLM" || name == "Gemma2ForCausalLM")
     return llama_from(j, file, name);
   if (name == "MixtralForCausalLM" || name == "Qwen2MoeForCausalLM") return moe_from(j, file, name);
   if (name == "GPT2LMHeadModel") return gpt2_from(j, file);

@@ -2,8 +2,8 @@
 // model_config) read into the family config memtrade builds from it.
 //
 // Architectures (the config's "architectures"): LlamaForCausalLM and the families that are it with
-// another mapping (Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM), and
-// GPT2LMHeadModel.
+// another mapping (Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM,
+// Gemma2ForCausalLM), and GPT2LMHeadModel.
 //   LlamaForCausalLM: hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
 //     vocab_size, max_position_embeddings (required); num_key_value_heads (default: the heads),
 //     rope_theta (10000), rms_norm_eps (1e-6), tie_word_embeddings (false), head_dim (default
@@ -27,6 +27,13 @@
 //   Phi3ForCausalLM: Llama's keys (rms_norm_eps default 1e-5) with q/k/v fused into qkv_proj and
 //     gate/up into gate_up_proj; sliding_window as Mistral's (default none); rope_scaling must be
 //     null (longrope is not modelled); embd_pdrop, resid_pdrop and attention_dropout must be 0.
+//   Gemma2ForCausalLM (transformers 4.46.3 modeling_gemma2.py): Llama's keys with Gemma2Config's
+//     defaults (head_dim 256, tie_word_embeddings true, attention_bias false: q, k, v and o_proj),
+//     hidden_activation gelu_pytorch_tanh (GeGLU; hidden_act is not read), (1 + w) RMSNorms,
+//     four per layer, embeddings · √hidden_size, query_pre_attn_scalar (224: scores ·
+//     query_pre_attn_scalar^-0.5), attn_logit_softcapping (50) and final_logit_softcapping (30;
+//     null: none), sliding_window (4096) on the even layers, checked as Mistral's. Flash attention
+//     with soft-capping (or a scale other than 1/√head_dim) and tensor parallelism are refused.
 //   GPT2LMHeadModel: n_embd, n_layer, n_head, vocab_size, n_positions (required);
 //     layer_norm_epsilon (1e-5), tie_word_embeddings (true).
 // Keys that would change the math memtrade does not model are refused: another hidden_act or

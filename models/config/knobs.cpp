@@ -350,6 +350,27 @@ std::vector<Knob> make_table() {
                         attention_kind_names);
   attn.id_rule = IdRule::non_default;
   attn.applies = has_sequence;
+  // Gemma 2's soft-capped scores (or a scale other than 1/√head_dim, query_pre_attn_scalar): the
+  // flash op has neither (FlashAttention-2 has a softcap; memtrade's does not), so flash is a
+  // combination refused here, which advise skips (models/layers/attention.cpp refuses it too).
+  attn.resolve = [](TrainConfig& c) -> std::optional<std::string> {
+    if (c.attention != AttentionKind::flash) return std::nullopt;
+    TrainConfig whole = c;
+    whole.seq_len = 0;
+    whole.tensor_parallel = 1;
+    nlohmann::json h;
+    try {
+      h = make_model(whole)->hyper();
+    } catch (const std::invalid_argument&) {
+      return std::nullopt;  // the model's own knobs say what is wrong
+    }
+    const double cap = h.value("attn_softcap", 0.0), scalar = h.value("query_pre_attn_scalar", 0.0);
+    if (cap > 0 || (scalar > 0 && scalar != h.value("head_dim", 0.0)))
+      return std::string(
+          "flash attention with attn_logit_softcapping or query_pre_attn_scalar (Gemma 2) is not "
+          "modelled: use --attention math");
+    return std::nullopt;
+  };
   attn.advise = AdviseRole::turn;
   t.push_back(std::move(attn));
 

@@ -19,6 +19,32 @@ constexpr Op norm_op(const RmsNorm&) {
   return Op::rmsnorm;
 }
 
+// Gemma 2's post-norm of a branch output (B·T, C): HF's Gemma2RMSNorm normalises x.float() and
+// returns type_as(x), so the output keeps the branch's dtype; the (cast) input is saved.
+template <typename Norm>
+Tensor post_norm_forward(LayerCtx& c, Tensor branch, const Norm& n) {
+  const DType out_dtype = branch.dtype();
+  Tensor inp = c.cast_input(norm_op(n), std::move(branch));
+  Tensor out = c.temp(inp.shape(), out_dtype);
+  norm_forward(c, out, inp, n);
+  c.keep(n.key + ".inp", std::move(inp));
+  return out;
+}
+
+// d(branch output) from d(post-norm output) dout, in the branch output's dtype.
+template <typename Norm>
+Tensor post_norm_backward(LayerCtx& c, const Tensor& dout, DType branch_dtype, const Norm& n) {
+  const Tensor& inp = c.get(n.key + ".inp");
+  // The add's gradient for the branch's dtype, then type_as's back to the norm's (autograd).
+  Tensor as_branch, as_norm;
+  const Tensor& d = c.grad_as(c.grad_as(dout, branch_dtype, as_branch), inp.dtype(), as_norm);
+  Tensor dinp = c.temp_like(inp);
+  norm_backward(c, dinp, d, inp, n);
+  as_norm.reset();
+  as_branch.reset();
+  return c.grad_as(std::move(dinp), branch_dtype);
+}
+
 }  // namespace
 
 std::optional<std::string> above_bound(std::string_view key, std::int64_t value,
@@ -116,6 +142,7 @@ Tensor DecoderModel<Norm, Mlp>::block_forward(LayerCtx& c, int block, const Tens
   Tensor h1 = c.act_tensor({N, C}, c.out_dtype(norm_op(b.norm_1), x));
   norm_forward(c, h1, x, b.norm_1);
   Tensor a = attention_forward(c, std::move(h1), whole_tokens(c, N) / T, T, b.attn);
+  if (b.post_1) a = post_norm_forward(c, std::move(a), *b.post_1);
   // The residual after attention, norm_2's input (autocast: fp32 + 16-bit promotes to fp32).
   Tensor x1 = c.act_tensor({N, C}, c.out_dtype(Op::add, x.dtype(), a.dtype()));
   c.ops().add(x1, x, a);
@@ -124,6 +151,7 @@ Tensor DecoderModel<Norm, Mlp>::block_forward(LayerCtx& c, int block, const Tens
   norm_forward(c, h2, x1, b.norm_2);
   Tensor m = b.moe.enabled() ? moe_forward(c, std::move(h2), b.moe, moe_)
                              : mlp_forward(c, std::move(h2), b.mlp);
+  if (b.post_2) m = post_norm_forward(c, std::move(m), *b.post_2);
   Tensor out = c.dev.empty({N, C}, c.out_dtype(Op::add, x1.dtype(), m.dtype()),
                            Category::activations);  // the next block's input
   c.ops().add(out, x1, m);
@@ -148,6 +176,15 @@ Tensor DecoderModel<Norm, Mlp>::head_forward(LayerCtx& c, Tensor x, const Tensor
     linear_forward(c, logits, h, head_);
   }
   c.keep("lnf", std::move(lnf));
+  if (final_softcap_ > 0.0f) {
+    c.ops().softcap_forward(logits, logits, final_softcap_);  // in place: the capped logits
+    // The loss saves its own: the fp32 cast under autocast, else a copy.
+    Tensor cast;
+    c.cast_input(Op::crossentropy, logits, cast);
+    Tensor for_loss = cast.defined() ? std::move(cast) : copy_for_backward(c, logits);
+    c.keep("softcap.out", std::move(logits));
+    logits = std::move(for_loss);
+  }
   if (embedding_.vocab_parallel)
     return vocab_parallel_loss_forward(c, std::move(logits), targets, embedding_.vocab_offset);
   Tensor losses = crossentropy_loss_forward(c, std::move(logits), targets);  // (B·T) F32
@@ -172,6 +209,8 @@ Tensor DecoderModel<Norm, Mlp>::head_backward(LayerCtx& c, float dloss) {
       embedding_.vocab_parallel  // (B·T, V / tp)
           ? vocab_parallel_loss_backward(c, dloss, logits_dtype, embedding_.vocab_offset)
           : crossentropy_loss_backward(c, dloss, logits_dtype);
+  if (final_softcap_ > 0.0f)
+    c.ops().softcap_backward(dlogits, dlogits, c.get("softcap.out"), final_softcap_);
   Tensor gathered;
   const Tensor& h = enter_column_parallel(c, lnf, gathered, Category::temporaries);
   Tensor dh = c.temp_like(h);
@@ -192,14 +231,22 @@ void DecoderModel<Norm, Mlp>::block_backward(LayerCtx& c, int block, Tensor& dre
   const Block& b = blocks_[block];
   // out = x1 + mlp(norm_2(x1)): dres = d out -> d x1.
   const Tensor& x1 = c.get("x1");
+  Tensor dm;  // d(mlp output), through post_2 when there is one
+  if (b.post_2) dm = post_norm_backward(c, dres, c.out_dtype(Op::linear, x1), *b.post_2);
+  const Tensor& dmlp = b.post_2 ? dm : dres;
   Tensor dh2 =
-      c.grad_as(b.moe.enabled() ? moe_backward(c, dres, b.moe, moe_) : mlp_backward(c, dres, b.mlp),
+      c.grad_as(b.moe.enabled() ? moe_backward(c, dmlp, b.moe, moe_) : mlp_backward(c, dmlp, b.mlp),
                 c.out_dtype(norm_op(b.norm_2), x1));
+  dm.reset();
   norm_backward_add(c, dres, dh2, x1, b.norm_2);
   dh2.reset();
   // x1 = x + attn(norm_1(x)): dres = d x1 -> d x.
   const Tensor& x = c.get("x");
-  Tensor dh1 = c.grad_as(attention_backward(c, dres, b.attn), c.out_dtype(norm_op(b.norm_1), x));
+  Tensor da;  // d(attention output), through post_1 when there is one
+  if (b.post_1) da = post_norm_backward(c, dres, c.out_dtype(Op::linear, x), *b.post_1);
+  Tensor dh1 = c.grad_as(attention_backward(c, b.post_1 ? da : dres, b.attn),
+                         c.out_dtype(norm_op(b.norm_1), x));
+  da.reset();
   norm_backward_add(c, dres, dh1, x, b.norm_1);
 }
 

@@ -17,9 +17,16 @@
 // takes, learned for GPT, max_position_embeddings for Llama): input (B, T) I32 tokens, targets
 // (B, T) the next tokens, rows_per_sample = T. One block = one decoder layer.
 //
+// Gemma 2 (transformers 4.46.3 modeling_gemma2.py Gemma2DecoderLayer) normalises each branch's
+// output as well: x1 = x + post_1(attn(norm_1(x))); out = x1 + post_2(mlp(norm_2(x1))), and caps
+// the logits, cap·tanh(logits / cap), before the loss.
+//
 // Saved per block besides the layers' own (models/layers/*.h): "x" (the block input, by
-// BlockModel) and "x1" (the residual after attention, norm_2's input). Head: "x" (norm_f's
-// input), "lnf" (the head GEMM's input), the logits and the targets (layers/loss.h).
+// BlockModel) and "x1" (the residual after attention, norm_2's input); with post norms their
+// inputs, "<key>.inp" (in fp32 under autocast: HF's Gemma2RMSNorm saves x.float()). Head: "x"
+// (norm_f's input), "lnf" (the head GEMM's input), the logits and the targets (layers/loss.h);
+// with final soft-capping "softcap.out", the capped logits in the head's dtype (autograd keeps
+// torch.tanh's output, the same bytes), beside the loss's own copy.
 #pragma once
 
 #include <initializer_list>
@@ -89,6 +96,10 @@ class DecoderModel : public BlockModel, public MoeRouted {
     Norm norm_2;
     Mlp mlp;
     Moe moe;  // a mixture-of-experts layer in place of mlp where moe.enabled()
+    // Gemma 2's post_attention_layernorm and post_feedforward_layernorm: each branch's output
+    // normalised before the residual add (its norm_1 and norm_2 are input_layernorm and
+    // pre_feedforward_layernorm).
+    std::optional<Norm> post_1, post_2;
   };
 
   // Checks seq_len against block_size (0 = block_size) and keeps the sequence shape; throws
@@ -132,8 +143,9 @@ class DecoderModel : public BlockModel, public MoeRouted {
   Embedding embedding_;
   std::vector<Block> blocks_;
   Norm norm_f_;
-  Linear head_;   // lm_head, or the embedding's wte when tied
-  MoeState moe_;  // the MoE layers' routing (layers == 0: none)
+  Linear head_;                 // lm_head, or the embedding's wte when tied
+  float final_softcap_ = 0.0f;  // Gemma 2's final_logit_softcapping: logits = cap·tanh(l / cap)
+  MoeState moe_;                // the MoE layers' routing (layers == 0: none)
 
  private:
   double scores_flops(std::int64_t batch, int block) const;  // one QKᵀ of a block

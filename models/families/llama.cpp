@@ -1,6 +1,7 @@
 #include "models/families/llama.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -38,6 +39,12 @@ const std::vector<HyperField<LlamaConfig>>& llama_hyper_fields() {
       {"fused_qkv", &LlamaConfig::fused_qkv},
       {"fused_gate_up", &LlamaConfig::fused_gate_up},
       {"qk_norm", &LlamaConfig::qk_norm},
+      {"gemma_norms", &LlamaConfig::gemma_norms},
+      {"geglu", &LlamaConfig::geglu},
+      {"embed_scale", &LlamaConfig::embed_scale},
+      {"query_pre_attn_scalar", &LlamaConfig::query_pre_attn_scalar},
+      {"attn_softcap", &LlamaConfig::attn_softcap},
+      {"final_softcap", &LlamaConfig::final_softcap},
   };
   return fields;
 }
@@ -101,6 +108,14 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
   // Phi-3's fused qkv_proj and gate_up_proj interleave what tensor parallelism splits (q, k, v;
   // gate, up) in one weight, and Qwen3's per-head q/k norms are replicated weights whose
   // gradients differ per rank (each rank normalises its own heads): neither is modelled yet.
+  for (const auto& [key, v] : {std::pair{"query_pre_attn_scalar", cfg_.query_pre_attn_scalar},
+                               {"attn_softcap", cfg_.attn_softcap},
+                               {"final_softcap", cfg_.final_softcap}})
+    if (!(v >= 0.0) || !std::isfinite(v))
+      throw bad(fmt::format("{} {} must be finite and at least 0 (0: none)", key, v));
+  // Gemma 2's soft-capped logits and sandwich norms are not split over tp ranks yet.
+  if (tp.size > 1 && (cfg_.gemma_norms || cfg_.attn_softcap > 0 || cfg_.final_softcap > 0))
+    throw bad("tensor parallelism of Gemma 2 (soft-capping, post-norms) is not modelled");
   if (tp.size > 1 && (cfg_.fused_qkv || cfg_.fused_gate_up || cfg_.qk_norm))
     throw bad(fmt::format(
         "tensor parallelism with {} is not modelled",
@@ -115,6 +130,14 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
   const auto eps = static_cast<float>(cfg_.norm_eps);
   constexpr float kStd = 0.02f;  // initializer_range
   constexpr float kOnes = -1.0f;
+  // A norm's weight: ones (w), or Gemma's zeros (1 + w).
+  const float norm_init = cfg_.gemma_norms ? 0.0f : kOnes;
+  const auto norm = [&](const std::string& name, const std::string& key, int block) {
+    return RmsNorm{add_replicated_param(name + ".weight", {C}, norm_init, block), key, eps,
+                   cfg_.gemma_norms};
+  };
+  if (cfg_.embed_scale) embedding_.scale = static_cast<float>(std::sqrt(static_cast<double>(C)));
+  final_softcap_ = static_cast<float>(cfg_.final_softcap);
   // Tensor parallelism (decoder.h): q, k, v, gate and up split by rows (KV heads too), o_proj and
   // down_proj by columns, the vocabulary of embed_tokens and lm_head; the norms and the o/down
   // biases whole.
@@ -153,6 +176,10 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
     b.attn.n_head = cfg_.n_head / tp.size;
     b.attn.n_kv_head = cfg_.n_kv_head / tp.size;
     b.attn.rope = cfg_.rope();
+    b.attn.scores.softcap = static_cast<float>(cfg_.attn_softcap);
+    if (cfg_.query_pre_attn_scalar > 0)
+      b.attn.scores.scale = static_cast<float>(1.0 / std::sqrt(cfg_.query_pre_attn_scalar));
+    b.mlp.gelu = cfg_.geglu;
     if (cfg_.qk_norm)  // Qwen3's per-head norms (tp 1)
       b.attn.qk_norm =
           QkNorm{add_replicated_param(p + "self_attn.q_norm.weight", {hd}, kOnes, i),
@@ -177,10 +204,17 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
           add_split_param(p + "mlp.down_proj.weight", {C, I}, kStd, i, tp.even(1, I)),
           row_bias(cfg_.mlp_bias, "mlp.down_proj.bias", C)};
     }
-    b.norm_1 = {add_replicated_param(p + "input_layernorm.weight", {C}, kOnes, i),
-                "input_layernorm", eps};
-    b.norm_2 = {add_replicated_param(p + "post_attention_layernorm.weight", {C}, kOnes, i),
-                "post_attention_layernorm", eps};
+    b.norm_1 = norm(p + "input_layernorm", "input_layernorm", i);
+    if (cfg_.gemma_norms) {  // Gemma2DecoderLayer's order of registration
+      // The branches' outputs are the post-norms' saved inputs (under autocast their fp32 casts
+      // are, and the 16-bit outputs go once cast: models/families/decoder.cpp).
+      b.attn.output_saved = b.mlp.output_saved = true;
+      b.norm_2 = norm(p + "pre_feedforward_layernorm", "pre_feedforward_layernorm", i);
+      b.post_2 = norm(p + "post_feedforward_layernorm", "post_feedforward_layernorm", i);
+      b.post_1 = norm(p + "post_attention_layernorm", "post_attention_layernorm", i);
+    } else {
+      b.norm_2 = norm(p + "post_attention_layernorm", "post_attention_layernorm", i);
+    }
     blocks_.push_back(std::move(b));
   }
   if (cfg_.num_experts > 0) {
@@ -188,7 +222,7 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
     moe_.num_experts = cfg_.num_experts;
     moe_.aux_coef = cfg_.router_aux_loss_coef;
   }
-  norm_f_ = {add_replicated_param("model.norm.weight", {C}, kOnes, -1), "norm", eps};
+  norm_f_ = norm("model.norm", "norm", -1);
   head_ = {cfg_.tie_word_embeddings
                ? embedding_.wte
                : add_split_param("lm_head.weight", {V, C}, kStd, -1, tp.vocab(V)),

@@ -1,6 +1,6 @@
 // Llama (HF transformers' LlamaForCausalLM), and the families that are it with another mapping
-// of their config.json (models/config/hf_config.h: Qwen2, Mistral, Phi-3): token embedding (no
-// positions), n_layer decoder layers (x += self_attn(input_layernorm(x)); x +=
+// of their config.json (models/config/hf_config.h: Qwen2, Mistral, Phi-3, Qwen3, Gemma 2): token
+// embedding (no positions), n_layer decoder layers (x += self_attn(input_layernorm(x)); x +=
 // mlp(post_attention_layernorm(x))), a final RMSNorm and lm_head, untied or tied to embed_tokens
 // (tie_word_embeddings). Attention is grouped-query (n_kv_head key/value heads shared by n_head /
 // n_kv_head query heads each, HF's repeat_kv) with rotary position embeddings on q and k
@@ -17,6 +17,9 @@
 // model.layers.{i}.{input,post_attention}_layernorm.weight, model.norm.weight, lm_head.weight
 // (absent when tied, as GPT's). Layouts are nn.Linear's (out, in). Init as HF's _init_weights:
 // normal(0, 0.02) (initializer_range) for every matrix, RMSNorm weights 1.
+//
+// Gemma 2 adds model.layers.{i}.{pre,post}_feedforward_layernorm.weight; its norms start at 0
+// (Gemma2RMSNorm's torch.zeros, which _init_weights leaves alone) and lm_head is tied.
 //
 // What each layer saves: models/layers/{rmsnorm,attention,llama_mlp}.h; the block and head:
 // models/families/decoder.h. Forward, backward and FLOPs are the decoder's.
@@ -65,6 +68,17 @@ struct LlamaConfig {
   bool fused_qkv = false;  // Phi-3: one qkv_proj ((NH + 2·NKV)·hd, C), q rows, then k, then v
   bool fused_gate_up = false;  // Phi-3: one gate_up_proj (2I, C), gate rows first
   bool qk_norm = false;        // Qwen3: q_norm and k_norm, RMSNorms over head_dim before RoPE
+  // Gemma 2 (transformers 4.46.3 modeling_gemma2.py): (1 + w) RMSNorms computed in fp32 with
+  // post_attention_layernorm and post_feedforward_layernorm after each branch; GeGLU; the
+  // embeddings times √n_embd; scores · query_pre_attn_scalar^-0.5 soft-capped by attn_softcap;
+  // the logits soft-capped by final_softcap (0: none). Its sliding_window bands the even layers
+  // (0, 2, ...) only; as above, memtrade takes sequences up to it.
+  bool gemma_norms = false;
+  bool geglu = false;
+  bool embed_scale = false;
+  double query_pre_attn_scalar = 0.0;  // 0: head_dim (1/√hd)
+  double attn_softcap = 0.0;
+  double final_softcap = 0.0;
   // Mixture of experts (Mixtral, Qwen2-MoE; models/layers/moe.h). 0 experts: every layer dense.
   int num_experts = 0;                      // num_local_experts (Mixtral), num_experts (Qwen2-MoE)
   int top_k = 2;                            // num_experts_per_tok

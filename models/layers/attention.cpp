@@ -1,6 +1,7 @@
 #include "models/layers/attention.h"
 
 #include <array>
+#include <stdexcept>
 #include <string>
 
 #include "models/layers/rmsnorm.h"
@@ -108,8 +109,14 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
   // Allocation order (probabilities or lse, then y) is the one both backends and the memory
   // model make.
   const DType y_dtype = c.out_dtype(Op::attention, qkv);
+  const bool softcap = a.scores.softcap > 0.0f;
   Tensor y;  // (B, T, NH·hd)
   if (c.attention == AttentionKind::flash) {
+    const std::int64_t hd = W / (NH + 2 * std::int64_t{a.n_kv_head});
+    if (softcap || a.scores.scale_for(hd) != AttentionScores{}.scale_for(hd))
+      throw std::invalid_argument(
+          "flash attention with attn_logit_softcapping or query_pre_attn_scalar (Gemma 2) is not "
+          "modelled: use --attention math");
     Tensor lse(c.dev.memory(), {B, NH, T}, DType::F32, c.cat());
     y = c.act_tensor({B, T, Y}, y_dtype);
     c.ops().flash_attention_forward(y, lse, qkv, a.n_head, a.n_kv_head);
@@ -119,18 +126,23 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
     // Selective checkpointing drops the (B, NH, T, T) probabilities: the biggest tensor of the
     // block at long T, and only a QKᵀ + softmax away from qkv, which is saved anyway.
     const bool keep_att = c.save && !c.selective;
-    Tensor att(c.dev.memory(), {B, NH, T, T}, c.out_dtype(Op::softmax, qkv),
-               keep_att ? Category::activations : Category::temporaries);
+    const Category att_cat = keep_att ? Category::activations : Category::temporaries;
+    Tensor tanh;  // Gemma 2: tanh of the scaled scores, kept with the probabilities
+    if (softcap) tanh = Tensor(c.dev.memory(), {B, NH, T, T}, qkv.dtype(), att_cat);
+    Tensor att(c.dev.memory(), {B, NH, T, T}, c.out_dtype(Op::softmax, qkv), att_cat);
     y = c.act_tensor({B, T, Y}, y_dtype);
-    c.ops().attention_forward(y, att, qkv, a.n_head, a.n_kv_head);
+    c.ops().attention_forward(y, att, qkv, a.n_head, a.n_kv_head, a.scores,
+                              softcap ? &tanh : nullptr);
     c.keep("attn.qkv", std::move(qkv));
     if (keep_att) keep_probs(c, std::move(att));
+    if (keep_att && softcap) c.keep("attn.tanh", std::move(tanh));
   }
 
   y.reshape({B * T, Y});
   y = c.cast_input(Op::linear, std::move(y));
   // (B·T, C): added into the residual by the block
-  Tensor out = c.temp({B * T, C}, c.out_dtype(Op::linear, y));
+  const DType out_dtype = c.out_dtype(Op::linear, y);
+  Tensor out = a.output_saved ? c.act_tensor({B * T, C}, out_dtype) : c.temp({B * T, C}, out_dtype);
   row_parallel_forward(c, out, y, a.c_proj);  // this rank's tokens under SP
   c.keep("attn.y", std::move(y));
   return out;
@@ -155,17 +167,23 @@ Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAtten
     y.reshape({B * T, Y});
     dy.reset();
   } else {
-    Tensor recomputed;  // (B, NH, T, T) when selective
+    const bool softcap = a.scores.softcap > 0.0f;
+    Tensor recomputed, recomputed_tanh;  // (B, NH, T, T) when selective
     const Tensor* att = nullptr;
+    const Tensor* tanh = nullptr;
     if (c.has("attn.att")) {
       att = &c.get(c.has("attn.att_mm") ? "attn.att_mm" : "attn.att");
+      if (softcap) tanh = &c.get("attn.tanh");
     } else {
+      if (softcap) recomputed_tanh = c.temp({B, NH, T, T}, qkv.dtype());
       recomputed = c.temp({B, NH, T, T}, c.out_dtype(Op::softmax, qkv));
-      c.ops().attention_probs(recomputed, qkv, a.n_head, a.n_kv_head);
+      c.ops().attention_probs(recomputed, qkv, a.n_head, a.n_kv_head, a.scores,
+                              softcap ? &recomputed_tanh : nullptr);
       att = &recomputed;
+      if (softcap) tanh = &recomputed_tanh;
     }
     dqkv = c.temp({B, T, W}, qkv.dtype());
-    c.ops().attention_backward(dqkv, dy, qkv, *att, a.n_head, a.n_kv_head);
+    c.ops().attention_backward(dqkv, dy, qkv, *att, a.n_head, a.n_kv_head, a.scores, tanh);
     dy.reset();
   }
 

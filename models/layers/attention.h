@@ -31,6 +31,13 @@
 // op and written back before RoPE. Under autocast the norm reads fp32 (HF's RMSNorm casts to
 // fp32; the fp32 cast is what is saved) and its fp32 output is rounded into the packed 16-bit
 // qkv (HF rotates in fp32 and rounds at the QKᵀ matmul: one rounding at another place).
+//
+// Gemma 2 (transformers 4.46.3 modeling_gemma2.py Gemma2Attention): scores = q·kᵀ ·
+// query_pre_attn_scalar^-0.5, then tanh(scores / cap)·cap with cap = attn_logit_softcapping
+// (kernels/ops.h AttentionScores). Math attention saves "attn.tanh" (B, NH, T, T) in qkv's dtype
+// besides the probabilities, as autograd keeps torch.tanh's output (selective: recomputed with
+// them). Flash attention with soft-capping is not modelled (FlashAttention-2 has a softcap; this
+// flash op does not): refused, std::invalid_argument.
 #pragma once
 
 #include <optional>
@@ -58,10 +65,12 @@ struct CausalSelfAttention {
   StackedLinear qkv_proj;          // Llama's q_proj, k_proj, v_proj (empty: c_attn)
   std::optional<RopeConfig> rope;  // Llama: rotary embeddings on q and k
   std::optional<QkNorm> qk_norm;   // Qwen3: per-head RMSNorm of q and k before the rotation
+  AttentionScores scores{};        // Gemma 2: query_pre_attn_scalar's scale, soft-capping
+  bool output_saved = false;       // Gemma 2: the output is an activation its post-norm keeps
 };
 
 // inp (B·T, C), moved in (it is saved as c_attn's input, cast to its input dtype first) ->
-// returns (B·T, C), a temporary.
+// returns (B·T, C), a temporary (an activation with output_saved).
 Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T,
                          const CausalSelfAttention& a);
 // dout (B·T, C) -> returns dL/dinp (B·T, C), a temporary in c_attn's input dtype.

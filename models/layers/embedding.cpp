@@ -53,10 +53,8 @@ void vocab_parallel_backward(LayerCtx& c, Tensor& dout_mine, const Embedding& e)
   dout.reshape({B * T, C});
 }
 
-}  // namespace
-
-Tensor embedding_forward(LayerCtx& c, const Tensor& tokens, const Embedding& e) {
-  ScopedRange scope(c.dev, "embedding");  // names the trace's allocations
+// wte[tokens] (+ wpe), before Gemma's scale.
+Tensor embedding_lookup(LayerCtx& c, const Tensor& tokens, const Embedding& e) {
   if (e.vocab_parallel) return vocab_parallel_forward(c, tokens, e);
   const std::int64_t B = tokens.dim(0), T = tokens.dim(1);
   const Tensor& wte = c.weight(e.wte);
@@ -69,8 +67,25 @@ Tensor embedding_forward(LayerCtx& c, const Tensor& tokens, const Embedding& e) 
   return out;
 }
 
+// e.scale as a number of dtype t (HF's torch.tensor(hidden_size**0.5, dtype=hidden.dtype)).
+float scale_in(DType t, float s) {
+  std::uint32_t bits = 0;
+  store_from_float(&bits, t, 0, s);
+  return load_as_float(&bits, t, 0);
+}
+
+}  // namespace
+
+Tensor embedding_forward(LayerCtx& c, const Tensor& tokens, const Embedding& e) {
+  ScopedRange scope(c.dev, "embedding");  // names the trace's allocations
+  Tensor out = embedding_lookup(c, tokens, e);
+  if (e.scale > 0.0f) c.ops().scale(out, scale_in(out.dtype(), e.scale));
+  return out;
+}
+
 void embedding_backward(LayerCtx& c, Tensor& dout, const Embedding& e) {
   ScopedRange scope(c.dev, "embedding");  // names the trace's allocations
+  if (e.scale > 0.0f) c.ops().scale(dout, scale_in(dout.dtype(), e.scale));
   if (e.vocab_parallel) {
     vocab_parallel_backward(c, dout, e);
     return;

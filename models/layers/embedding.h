@@ -19,6 +19,10 @@ struct Embedding {
   ParamIndex wpe = -1;            // (block_size, C); -1: none
   bool vocab_parallel = false;    // wte is this rank's rows of the vocabulary
   std::int64_t vocab_offset = 0;  // its first row
+  // Gemma 2 (transformers 4.46.3 modeling_gemma2.py Gemma2Model.forward): the embeddings times
+  // normalizer = √hidden_size as a tensor of the embeddings' dtype (so rounded to it under pure
+  // 16-bit precision), in place; its gradient likewise. 0: none.
+  float scale = 0.0f;
 };
 
 // tokens (B, T) I32 -> returns (B·T, C) in the activation dtype, or under autocast in the

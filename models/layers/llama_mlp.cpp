@@ -9,6 +9,22 @@ bool fused(const LlamaMlp& m) {
   return m.gate_up_proj.weight >= 0;
 }
 
+// The gating: SwiGLU, or Gemma 2's GeGLU.
+void glu_forward(LayerCtx& c, Tensor& h, const Tensor& gate, const Tensor& up, const LlamaMlp& m) {
+  if (m.gelu)
+    c.ops().geglu_forward(h, gate, up);
+  else
+    c.ops().swiglu_forward(h, gate, up);
+}
+// dgate holds d h on entry (the gating's output gradient) and d gate on return.
+void glu_backward(LayerCtx& c, Tensor& dgate, Tensor& dup, const Tensor& gate, const Tensor& up,
+                  const LlamaMlp& m) {
+  if (m.gelu)
+    c.ops().geglu_backward(dgate, dup, dgate, gate, up);
+  else
+    c.ops().swiglu_backward(dgate, dup, dgate, gate, up);
+}
+
 // Phi-3: the halves of the saved (N, 2I) gate_up as two (N, I) temporaries.
 std::pair<Tensor, Tensor> split_gate_up(LayerCtx& c, const Tensor& gu) {
   const std::int64_t N = gu.dim(0), I = gu.dim(1) / 2;
@@ -44,7 +60,7 @@ Tensor unfused_forward(LayerCtx& c, const Tensor& inp, const LlamaMlp& m, bool k
   const std::int64_t N = gate.dim(0);
   if (keep_input) c.keep(key(m, "inp"), std::move(*owned));
   Tensor h = c.act_tensor({N, I}, c.out_dtype(Op::swiglu, gate));  // (N, I)
-  c.ops().swiglu_forward(h, gate, up);
+  glu_forward(c, h, gate, up, m);
   c.keep(key(m, "gate"), std::move(gate));
   c.keep(key(m, "up"), std::move(up));
   h = c.cast_input(Op::linear, std::move(h));
@@ -78,7 +94,7 @@ Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
   {
     auto [gate, up] = split_gate_up(c, gu);  // temporaries, freed before down_proj
     h = c.act_tensor({N, I2 / 2}, c.out_dtype(Op::swiglu, gate));
-    c.ops().swiglu_forward(h, gate, up);
+    glu_forward(c, h, gate, up, m);
     c.keep(key(m, "gate_up"), std::move(gu));
   }
   h = c.cast_input(Op::linear, std::move(h));
@@ -99,7 +115,7 @@ Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m) {
     auto [gate, up] = split_gate_up(c, gu);
     Tensor dgate = c.grad_as(std::move(dh), c.out_dtype(Op::swiglu, gate));
     Tensor dup = c.temp_like(up);
-    c.ops().swiglu_backward(dgate, dup, dgate, gate, up);
+    glu_backward(c, dgate, dup, gate, up, m);
     gate.reset();
     up.reset();
     Tensor dgu = c.temp_like(gu);  // (N, 2I): the halves side by side, as chunk's backward
@@ -116,7 +132,7 @@ Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m) {
   // d h, then d gate in place (the SwiGLU output has gate's dtype); d up beside it.
   Tensor dgate = c.grad_as(std::move(dh), c.out_dtype(Op::swiglu, gate));
   Tensor dup = c.temp_like(up);
-  c.ops().swiglu_backward(dgate, dup, dgate, gate, up);
+  glu_backward(c, dgate, dup, gate, up, m);
 
   Tensor gathered;
   const Tensor& x = enter_column_parallel(c, inp, gathered, Category::temporaries);

@@ -8,6 +8,11 @@
 // models/layers/attention.h. Under autocast the linears cast their input to 16 bits and SwiGLU
 // runs in the dtype it gets (SiLU and mul are on no autocast list: Op::swiglu).
 //
+// Gemma 2's MLP (transformers 4.46.3 modeling_gemma2.py Gemma2MLP) is this one with
+// act_fn = ACT2FN["gelu_pytorch_tanh"] in place of silu (GeGLU): the same saved tensors; HF keeps
+// gelu(gate) (N, I) as the multiply's other operand, which Ops::geglu_backward recomputes. Its
+// output is kept by the post-feedforward norm (output_saved).
+//
 // Phi-3's MLP (HF Phi3MLP) is the same function with gate_proj and up_proj fused into one
 // gate_up_proj (2I, C), gate's rows first (`gate, up = gate_up_proj(x).chunk(2, dim=-1)`). It
 // saves "mlp.gate_up" (N, 2I) instead of "mlp.gate" and "mlp.up": the same bytes, as HF's chunk
@@ -33,7 +38,8 @@ struct LlamaMlp {
   // tensor of that key (mlp_forward_on), not saved again.
   std::string key = "mlp.";
   std::string input_key{};
-  bool output_saved = false;  // the caller keeps the output (an expert's): an activation
+  bool output_saved = false;  // the caller keeps the output (an expert's, Gemma 2's): an activation
+  bool gelu = false;          // Gemma 2: GeGLU, gelu_pytorch_tanh(gate) · up (Ops::geglu_*)
 };
 
 // inp (N, C), moved in (saved as gate_proj's and up_proj's input, cast to their input dtype

@@ -4,6 +4,11 @@
 // weight's multiplicand) and, for a 16-bit input, the fp32 copy it squares; memtrade's op
 // recomputes x·rstd from x in backward instead (kernels/ops.h rmsnorm_backward).
 //
+// Gemma 2 (transformers 4.46.3 modeling_gemma2.py Gemma2RMSNorm): the weight enters as 1 + w
+// (zeros at init) and the normalised row is not rounded before it; HF's output is type_as(x),
+// which for the residual stream's fp32 is the same dtype as here (the decoder casts the 16-bit
+// inputs of its post-norms itself, models/families/decoder.cpp).
+//
 // Under autocast the input must already be fp32 (Op::rmsnorm: HF casts to fp32 itself; the
 // Llama's residual stream is fp32, so no cast is needed) and the output is fp32 (the fp32 weight
 // times the normalised rows promotes).
@@ -16,9 +21,10 @@
 namespace memtrade {
 
 struct RmsNorm {
-  ParamIndex weight = -1;  // (C)
-  std::string key;         // save prefix: "input_layernorm" -> "input_layernorm.rstd"
-  float eps = 1e-5f;       // rms_norm_eps
+  ParamIndex weight = -1;    // (C)
+  std::string key;           // save prefix: "input_layernorm" -> "input_layernorm.rstd"
+  float eps = 1e-5f;         // rms_norm_eps
+  bool unit_offset = false;  // Gemma2RMSNorm: (x·rstd)·(1 + w) in fp32 (kernels/ops.h)
 };
 
 // out (N, C), of dtype c.out_dtype(Op::rmsnorm, inp), from inp (N, C); the caller saves inp if

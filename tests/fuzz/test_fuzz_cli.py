@@ -159,10 +159,10 @@ SIZES = {"LlamaForCausalLM": ["hidden_size", "num_hidden_layers", "num_attention
                               "intermediate_size", "vocab_size"],
          "GPT2LMHeadModel": ["n_embd", "n_layer", "n_head", "vocab_size"]}
 # The architectures memtrade reads (models/config/hf_config.h); the Llama-like ones (the
-# mixture-of-experts Mixtral and Qwen2-MoE included) take Llama's size keys, and so do the
-# fixtures' other HF architectures (Gemma 2).
+# mixture-of-experts Mixtral and Qwen2-MoE and Gemma 2 included) take Llama's size keys.
 READ = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-        "Phi3ForCausalLM", "GPT2LMHeadModel", "MixtralForCausalLM", "Qwen2MoeForCausalLM"]
+        "Phi3ForCausalLM", "Gemma2ForCausalLM", "GPT2LMHeadModel", "MixtralForCausalLM",
+        "Qwen2MoeForCausalLM"]
 TINY = {"LlamaForCausalLM": dict(architectures=["LlamaForCausalLM"], hidden_size=32,
                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                  intermediate_size=64, vocab_size=128,

@@ -158,6 +158,47 @@ TEST(HfConfig, MistralAndPhi3) {
   EXPECT_EQ(std::get<LlamaConfig>(parse(j)).sliding_window, 2047);
 }
 
+// Gemma2ForCausalLM (transformers 4.46.3 configuration_gemma2.py's defaults and
+// modeling_gemma2.py's reads): the public Gemma-2-9B, then the defaults where keys are absent,
+// null soft-caps, and what is refused.
+TEST(HfConfig, Gemma2) {
+  json j = fixture("gemma-2-9b");
+  LlamaConfig g = std::get<LlamaConfig>(parse(j));
+  EXPECT_EQ(g.architecture, "Gemma2ForCausalLM");
+  EXPECT_EQ(g.hd(), 256);  // head_dim, not 3584 / 16
+  EXPECT_TRUE(g.tie_word_embeddings && g.gemma_norms && g.geglu && g.embed_scale);
+  EXPECT_FALSE(g.qkv_bias || g.o_bias || g.mlp_bias || g.fused_qkv || g.qk_norm);
+  EXPECT_EQ(g.query_pre_attn_scalar, 256);
+  EXPECT_EQ(g.attn_softcap, 50);
+  EXPECT_EQ(g.final_softcap, 30);
+  EXPECT_EQ(g.sliding_window, 4096);
+  for (const char* key :
+       {"head_dim", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+        "sliding_window", "hidden_act", "hidden_activation", "attention_bias"})
+    j.erase(key);
+  g = std::get<LlamaConfig>(parse(j));
+  EXPECT_EQ(g.hd(), 256);
+  EXPECT_EQ(g.query_pre_attn_scalar, 224);
+  EXPECT_EQ(g.attn_softcap, 50);
+  EXPECT_EQ(g.final_softcap, 30);
+  EXPECT_EQ(g.sliding_window, 4096);
+  j["attn_logit_softcapping"] = nullptr;
+  j["final_logit_softcapping"] = nullptr;
+  j["sliding_window"] = nullptr;
+  j["attention_bias"] = true;
+  j["hidden_act"] = "silu";  // not read by Gemma2MLP
+  g = std::get<LlamaConfig>(parse(j));
+  EXPECT_EQ(g.attn_softcap, 0);
+  EXPECT_EQ(g.final_softcap, 0);
+  EXPECT_EQ(g.sliding_window, 0);
+  EXPECT_TRUE(g.qkv_bias && g.o_bias);
+  j["hidden_activation"] = "gelu";
+  EXPECT_EQ(error_of(j), "unsupported hidden_activation \"gelu\" (the MLP is GeGLU, tanh GELU)");
+  j.erase("hidden_activation");
+  j["attn_logit_softcapping"] = 0;
+  EXPECT_EQ(error_of(j), "key 'attn_logit_softcapping' must be a positive number, got 0");
+}
+
 TEST(HfConfig, RefusedConfigs) {
   const json llama = fixture("Llama-3.2-3B");
   for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -179,13 +220,13 @@ TEST(HfConfig, RefusedConfigs) {
   EXPECT_EQ(error_of(with(llama, "architectures", {"FalconForCausalLM"})),
             "unsupported architecture 'FalconForCausalLM' (memtrade reads LlamaForCausalLM, "
             "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, "
-            "MixtralForCausalLM, Qwen2MoeForCausalLM and GPT2LMHeadModel)");
+            "Gemma2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM and GPT2LMHeadModel)");
   json no_arch = llama;
   no_arch.erase("architectures");
   EXPECT_EQ(error_of(no_arch),
             "missing key 'architectures' (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-            "MistralForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM and "
-            "GPT2LMHeadModel)");
+            "MistralForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, MixtralForCausalLM, "
+            "Qwen2MoeForCausalLM and GPT2LMHeadModel)");
   json yarn = llama;
   yarn["rope_scaling"]["rope_type"] = "yarn";
   EXPECT_EQ(error_of(yarn),

@@ -102,6 +102,10 @@ INSTANTIATE_TEST_SUITE_P(
         GradCase{"llama-test:fused_qkv=true,fused_gate_up=true", 2, 1e-3f, false, 20.0f},
         // Qwen3's per-head q/k RMSNorm
         GradCase{"llama-test:qk_norm=true", 2, 1e-3f, false, 20.0f},
+        // Gemma 2's (1 + w) norms, four per layer, GeGLU, embedding scale, scale and soft-caps
+        GradCase{"llama-test:gemma_norms=true,geglu=true,embed_scale=true,"
+                 "query_pre_attn_scalar=3,attn_softcap=0.5,final_softcap=0.5",
+                 2, 1e-3f, false, 20.0f},
         GradCase{"mlp-test", 4, 1e-3f, true}, GradCase{"cnn-test", 3, 1e-3f, true},
         GradCase{"mlp-tiny", 4, 1e-3f, true}),
     [](const auto& param_info) {

@@ -207,7 +207,8 @@ TEST(ModelOverrides, BadOnesAreOneLineErrors) {
             "model: llama-tiny: unknown hyper-parameter 'n_layers' (llama takes: n_layer, "
             "n_head, n_kv_head, n_embd, intermediate_size, vocab_size, block_size, rope_theta, "
             "norm_eps, tie_word_embeddings, qkv_bias, o_bias, mlp_bias, sliding_window, "
-            "fused_qkv, fused_gate_up, qk_norm)");
+            "fused_qkv, fused_gate_up, qk_norm, gemma_norms, geglu, embed_scale, "
+            "query_pre_attn_scalar, attn_softcap, final_softcap)");
   EXPECT_EQ(message("llama-tiny:n_layer=0"),
             "model: llama-tiny: n_layer: expected a positive integer, got '0'");
   EXPECT_EQ(message("llama-tiny:tie_word_embeddings=yes"),

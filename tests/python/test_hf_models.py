@@ -57,6 +57,15 @@ CASES = {
                      num_key_value_heads=4, pad_token_id=None),
     "phi3": dict(TINY, architectures=["Phi3ForCausalLM"], model_type="phi3", sliding_window=31,
                  pad_token_id=None, resid_pdrop=0.0, embd_pdrop=0.0),
+    # Gemma 2: head_dim other than C / NH and a query_pre_attn_scalar other than head_dim (the
+    # scale is not 1/√hd); initializer_range 0.2 makes the scores (~3) and the logits (~2) large
+    # enough that soft-caps of 5 and 3 bend them (at HF's 0.02 tanh would be the identity to
+    # fp32's precision); the window (on layer 0) as long as the sequences; tied, as Gemma's.
+    "gemma2": dict(TINY, architectures=["Gemma2ForCausalLM"], model_type="gemma2", head_dim=32,
+                   query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+                   final_logit_softcapping=3.0, sliding_window=16, tie_word_embeddings=True,
+                   hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+                   initializer_range=0.2, pad_token_id=None),
 }
 
 
@@ -271,6 +280,8 @@ def test_bf16_autocast_against_hf(memtrade_bin, tmp_path, case):
     ours, theirs = bf16_valued(got), bf16_valued(grads)
     assert ours == theirs, (f"bf16-valued gradients: memtrade only {sorted(ours - theirs)}, "
                             f"HF only {sorted(theirs - ours)}")
+    if case in FP64_RULE:
+        return assert_as_close_to_fp64_as_hf(out, meta, config, case, got_loss, got, loss, grads)
     assert abs(got_loss - loss) <= eps / 16 * abs(loss), (got_loss, loss)
     # Each tensor within 4·eps relative L2, a bias within 4·eps times its sum's condition.
     worst = max((rel_l2(got[n], grads[n]) / eps / max(1.0, cond.get(n, 1.0)), n)
@@ -278,6 +289,39 @@ def test_bf16_autocast_against_hf(memtrade_bin, tmp_path, case):
     print(f"{case}: worst gradient {worst[1]} {worst[0]:.2f}·eps (÷ its condition "
           f"{max(1.0, cond.get(worst[1], 1.0)):.1f}), {len(meta['params'])} tensors")
     assert worst[0] <= 4, f"{worst[1]}: relative L2 error {worst[0]:.2f}·eps·cond > 4·eps·cond"
+
+
+# The cases held to issue 23's portable rule instead (fp64_twin_rule below, against an fp64 twin:
+# HF's model in float64 on the same parameters and batch, hf_step): memtrade's distance from fp64
+# at most HF's bf16 autocast distance from it times (1 + FP64_MARGIN), plus a floor of
+# FP64_FLOOR_EPS·eps (one bf16 rounding of every element, in relative L2), for the loss and each
+# gradient tensor. Gemma 2 does not meet
+# the 4·eps rule above: its soft-caps, (1 + w) norms and four norms per layer round at other
+# places than HF's, so the two bf16 runs differ by more than their own errors' 4·eps while
+# neither is closer to fp64 (an earlier run: memtrade 5.4 and 9.2·eps from fp64 where HF was 6.8
+# and 8.1·eps, 5.5 and 11.3·eps apart). This run's figures are printed.
+FP64_RULE = {"gemma2"}
+FP64_MARGIN = 0.25
+FP64_FLOOR_EPS = 1.0
+
+
+def assert_as_close_to_fp64_as_hf(out, meta, config, case, got_loss, got, hf_loss, hf_grads):
+    eps = EPS["bf16"]
+    _, loss64, grads64 = hf_step(out, meta, config)
+    ref = {n: g.numpy() for n, g in grads64.items()}
+    ours_loss, hf_loss_d = abs(got_loss - loss64) / abs(loss64), abs(hf_loss - loss64) / abs(loss64)
+    assert ours_loss <= hf_loss_d * (1 + FP64_MARGIN) + FP64_FLOOR_EPS * eps / 16, (
+        f"loss {ours_loss / eps:.3f}·eps from fp64, HF {hf_loss_d / eps:.3f}·eps")
+    rows = sorted(((*fp64_twin_rule(got[n], hf_grads[n], ref[n], eps, FP64_MARGIN,
+                                    FP64_FLOOR_EPS), n) for n in meta["params"]),
+                  key=lambda r: r[0] - r[1] * (1 + FP64_MARGIN))
+    ours, theirs, _, name = rows[-1]
+    print(f"{case}: loss {ours_loss / eps:.3f}·eps from fp64 (HF {hf_loss_d / eps:.3f}·eps); "
+          f"worst gradient {name} {ours:.2f}·eps from fp64 (HF {theirs:.2f}·eps), largest "
+          f"{max(r[0] for r in rows):.2f}·eps (HF {max(r[1] for r in rows):.2f}·eps), "
+          f"{len(rows)} tensors")
+    bad = [r for r in rows if not r[2]]
+    assert not bad, [f"{n}: {o:.2f}·eps vs HF {t:.2f}·eps" for o, t, _, n in bad]
 
 
 def hf_saved_bytes(out, meta, config):
@@ -310,7 +354,14 @@ def eager_extra(hyper, batch):
       - the rotary tables cos and sin, (1, T, head_dim) each, which the rotation's multiplies
         save once per forward (memtrade's RoPE op computes its angles);
       - Qwen3: q_norm's and k_norm's two extras per element, as every RMSNorm's
-        (2·(NH + NKV)·head_dim per token per layer)."""
+        (2·(NH + NKV)·head_dim per token per layer);
+      - Gemma 2 (modeling_gemma2.py): GeGLU's gelu(gate) as SwiGLU's silu(gate); its two more
+        norms per layer with two (T, C) extras each, every Gemma2RMSNorm's (1 + w) (C), computed
+        on each call and saved by the multiply, the embedding's normalizer (a 0-dim tensor), the
+        rotary tables of every layer (Gemma2Attention owns its rotary_emb), and the 0-dim
+        float64 tensors of the scale and the caps that the multiplies and divisions save.
+        The soft-caps' tanh outputs are saved on both sides (memtrade's attn.tanh and
+        softcap.out)."""
     import saved_bytes
     T, hd, L = hyper["seq_len"], hyper["head_dim"], hyper["n_layer"]
     plan = {"selective": False, "segments": [[0, L, False]]}
@@ -318,6 +369,17 @@ def eager_extra(hyper, batch):
     extra += 4 * 2 * T * hd
     if hyper.get("qk_norm"):
         extra += 4 * batch * T * L * 2 * (hyper["n_head"] + hyper["n_kv_head"]) * hd
+    if hyper.get("gemma_norms"):
+        C = hyper["n_embd"]
+        extra += 4 * batch * T * L * 2 * 2 * C  # the two more norms per layer, as every norm's
+        extra += 4 * (4 * L + 1) * C  # each norm's (1 + w) (C), made per call, saved by the mul
+    if hyper.get("embed_scale"):
+        extra += 4  # the normalizer, a 0-dim fp32 tensor the embedding's multiply saves
+    if hyper.get("architecture") == "Gemma2ForCausalLM":
+        extra += 4 * 2 * T * hd * (L - 1)  # each Gemma2Attention's own rotary tables
+        # The Python floats of `* scaling`, `/ cap` and `* cap`, 0-dim float64 tensors the
+        # multiplies and divisions save: per attention layer, and at the logits.
+        extra += 8 * (L * (1 + 2 * (hyper["attn_softcap"] > 0)) + 2 * (hyper["final_softcap"] > 0))
     return extra
 
 
@@ -357,11 +419,13 @@ def test_the_hf_comparison_can_fail(memtrade_bin, tmp_path):
         hf_step(out, meta, qwen)  # missing q/k/v biases
 
 
-def test_a_window_shorter_than_the_sequence_is_refused(memtrade_bin, tmp_path):
-    """HF's Mistral bands its mask to the last sliding_window keys; memtrade has no banded mask
-    yet, so a window that would cut (shorter than --seq-len) is one line and exit 2, naming it."""
+@pytest.mark.parametrize("case", ["mistral", "gemma2"])
+def test_a_window_shorter_than_the_sequence_is_refused(memtrade_bin, tmp_path, case):
+    """HF's Mistral bands its mask to the last sliding_window keys (Gemma 2 on its even layers);
+    memtrade has no banded mask yet, so a window that would cut (shorter than --seq-len) is one
+    line and exit 2, naming it."""
     import subprocess
-    config = dict(CASES["mistral"], sliding_window=8)
+    config = dict(CASES[case], sliding_window=8)
     (tmp_path / "config.json").write_text(json.dumps(config))
     run = subprocess.run([memtrade_bin, "step", "--backend", "cpu", "--model-config",
                           str(tmp_path / "config.json"), "--seq-len", "16", "--batch-size", "1"],
