@@ -34,6 +34,10 @@
 //     query_pre_attn_scalar^-0.5), attn_logit_softcapping (50) and final_logit_softcapping (30;
 //     null: none), sliding_window (4096) on the even layers, checked as Mistral's. Flash attention
 //     with soft-capping (or a scale other than 1/√head_dim) and tensor parallelism are refused.
+//   MixtralForCausalLM and Qwen2MoeForCausalLM (transformers 4.46.3 modeling_mixtral.py,
+//     modeling_qwen2_moe.py): Mistral's and Qwen2's keys, with the mixture-of-experts block of
+//     models/layers/moe.h in place of the MLP (the keys read are listed at moe_from in
+//     hf_config.cpp); router_jitter_noise other than 0 and tensor parallelism are refused.
 //   GPT2LMHeadModel: n_embd, n_layer, n_head, vocab_size, n_positions (required);
 //     layer_norm_epsilon (1e-5), tie_word_embeddings (true).
 // Keys that would change the math memtrade does not model are refused: another hidden_act or
