@@ -41,40 +41,11 @@ Vec ref_rmsnorm1(const Vec& x, const Vec& w, int n, int c, double eps) {
   return y;
 }
 
-// Gemma2Attention's eager scores: softcap·tanh(scale·q·kᵀ / softcap), causal softmax, ·V. out
-// (B, T, NH·hd); optionally the tanh (B, NH, T, T), zeros above the diagonal.
+// Gemma2Attention's eager scores: softcap·tanh(scale·q·kᵀ / softcap), causal softmax, ·V
+// (attention_reference.h); optionally the tanh (B, NH, T, T).
 Vec ref_capped_attention(const Vec& qkv, const AttnShape& s, double scale, double cap,
                          Vec* tanh = nullptr) {
-  Vec out(s.out_numel(), 0.0);
-  if (tanh) tanh->assign(s.rows() * s.t, 0.0);
-  for (int b = 0; b < s.b; ++b)
-    for (int h = 0; h < s.nh; ++h) {
-      const int g = h / (s.nh / s.nkv);
-      const int col[3] = {h * s.hd, (s.nh + g) * s.hd, (s.nh + s.nkv + g) * s.hd};
-      auto at = [&](int t, int part, int i) {
-        return qkv[(static_cast<std::size_t>(b) * s.t + t) * s.w() + col[part] + i];
-      };
-      for (int t = 0; t < s.t; ++t) {
-        Vec sc(t + 1);
-        double mx = -1e300;
-        const std::size_t row = (static_cast<std::size_t>(b) * s.nh + h) * s.t + t;
-        for (int j = 0; j <= t; ++j) {
-          double d = 0;
-          for (int i = 0; i < s.hd; ++i) d += at(t, 0, i) * at(j, 1, i);
-          const double th = std::tanh(d * scale / cap);
-          if (tanh) (*tanh)[row * s.t + j] = th;
-          sc[j] = cap * th;
-          mx = std::max(mx, sc[j]);
-        }
-        double sum = 0;
-        for (int j = 0; j <= t; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
-        for (int j = 0; j <= t; ++j)
-          for (int i = 0; i < s.hd; ++i)
-            out[(static_cast<std::size_t>(b) * s.t + t) * s.c() + h * s.hd + i] +=
-                sc[j] / sum * at(j, 2, i);
-      }
-    }
-  return out;
+  return ref_attention(qkv, s, nullptr, nullptr, scale, cap, tanh);
 }
 
 TEST_F(OpsTest, GegluForwardBackward) {
