@@ -267,9 +267,12 @@ def knob_effects(points: Sequence[dict], baseline: dict | None) -> list[dict]:
     """Effect of each single-knob change relative to the baseline point.
 
     For every point that differs from ``baseline`` in exactly one knob, returns a dict with
-    knob, value, label (short value), point_id, status, peak, samples_per_s,
+    knob, value, label (short value), point_id, status, peak, samples_per_s, rate and rate_unit
+    (rate(): tokens/s for a language model, samples/s otherwise),
     mem_saved_pct = 100 * (base_peak - peak) / base_peak and
-    thr_lost_pct = 100 * (base_thr - thr) / base_thr (None for a point that is not ok, e.g. oom).
+    thr_lost_pct = 100 * (base_rate - rate) / base_rate (None for a point that is not ok, e.g.
+    oom): in tokens for a language model, so that a shorter sequence (more samples, as many
+    tokens) is not a throughput gain.
     Rows are ordered by knob (label order) then by memory saved, largest first.
     Raises ValueError when the baseline is missing or not an ok point.
     """
@@ -278,7 +281,7 @@ def knob_effects(points: Sequence[dict], baseline: dict | None) -> list[dict]:
     if not is_ok(baseline):
         raise ValueError(f"baseline point {baseline.get('id')!r} is not an ok point "
                          f"(status {baseline.get('status')!r})")
-    bm, bt = peak(baseline), throughput(baseline)
+    bm, (bt, _) = peak(baseline), rate(baseline)
     rows = []
     for p in points:
         if p is baseline or p.get("id") == baseline.get("id"):
@@ -297,8 +300,10 @@ def knob_effects(points: Sequence[dict], baseline: dict | None) -> list[dict]:
             "status": p.get("status"),
             "peak": peak(p) if ok else None,
             "samples_per_s": throughput(p) if ok else None,
+            "rate": rate(p)[0] if ok else None,
+            "rate_unit": rate(p)[1],
             "mem_saved_pct": 100.0 * (bm - peak(p)) / bm if ok and bm else None,
-            "thr_lost_pct": 100.0 * (bt - throughput(p)) / bt if ok and bt else None,
+            "thr_lost_pct": 100.0 * (bt - rate(p)[0]) / bt if ok and bt else None,
         })
     order = {k: i for i, k in enumerate(K.names())}
     rows.sort(key=lambda r: (order[r["knob"]],
@@ -495,6 +500,15 @@ def tokens_per_sample(config: dict) -> int | None:
     """The sequence length a point trained at (the model's own when the seq_len axis is 0)."""
     t = (config.get("hyper") or {}).get("seq_len")
     return int(t) if _finite(t) else None
+
+
+def rate(point: dict) -> tuple[float | None, str]:
+    """A point's throughput in the unit its kind of model is read in: (tokens/s, "tok/s") for a
+    language model (a seq_len in its hyper-parameters), (samples/s, "samples/s") otherwise."""
+    thr, t = throughput(point), tokens_per_sample(point.get("config") or {})
+    if t is None:
+        return thr, "samples/s"
+    return (thr * t if _finite(thr) else None), "tok/s"
 
 
 def seq_len_lines(items: Sequence[dict], peak_of) -> list[tuple[dict, list[tuple[int, float]]]]:

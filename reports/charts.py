@@ -336,14 +336,16 @@ def knob_effects(points: Sequence[dict], outdir: pathlib.Path, formats: Sequence
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=True, framealpha=0.9)
     ax.grid(axis="x", alpha=0.25)
     chart = Chart(key=key, title=title,
-                  headers=["model", "knob", "value", "peak", "samples/s", "memory saved", "throughput lost"])
+                  headers=["model", "knob", "value", "peak", "throughput", "memory saved", "throughput lost"])
     for base, r in rows:
         chart.rows.append([base["config"]["model"], r["knob"], str(r["value"]), A.fmt_bytes(r["peak"]),
-                           _n(r["samples_per_s"]) if r["samples_per_s"] is not None else r["status"],
+                           f"{_n(r['rate'])} {r['rate_unit']}" if r["rate"] is not None else r["status"],
                            A.fmt_pct(r["mem_saved_pct"]), A.fmt_pct(r["thr_lost_pct"])])
     for b in baselines.values():
-        chart.notes.append(f"Baseline {b['id']}: peak {A.fmt_bytes(A.peak(b))}, "
-                           f"{_n(A.throughput(b))} samples/s.")
+        b_rate, b_unit = A.rate(b)
+        chart.notes.append(f"Baseline {b['id']}: peak {A.fmt_bytes(A.peak(b))}, {_n(b_rate)} {b_unit}.")
+    chart.notes.append("Throughput is tokens/s for language models (a shorter sequence is more samples "
+                       "of fewer tokens), samples/s for MLP and CNN; throughput lost is in that unit.")
     defaults = ", ".join(A.short_value(k, A.K.default(k)) for k in A.setting_knobs())
     chart.notes.append("Baseline rule: --baseline-point if given, else per model the ok point with every knob "
                        f"at its default ({defaults}) at the batch size with the most ok points of that "

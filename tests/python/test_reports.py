@@ -106,6 +106,24 @@ def test_knob_effects_single_knob_changes():
     assert oom["status"] == "oom" and oom["mem_saved_pct"] is None and oom["thr_lost_pct"] is None
 
 
+def test_knob_effects_of_a_language_model_are_in_tokens():
+    """Issue 27: a shorter sequence is more samples of fewer tokens, not a throughput gain. In
+    tokens/s, seq 16 at 4x the samples/s of seq 64 loses nothing; in samples/s it would be -300%."""
+    def lm(seq, thr, **knobs):
+        p = mk(model="gpt", peak=1000 * seq, thr=thr, **knobs)
+        p["config"]["hyper"] = {"seq_len": seq}
+        return p
+    base = lm(64, 100.0)
+    short = lm(16, 400.0, seq_len=16)
+    slow = lm(64, 50.0, checkpoint="1")
+    by = {r["knob"]: r for r in A.knob_effects([base, short, slow], base)}
+    assert A.rate(base) == (6400.0, "tok/s") and by["seq_len"]["rate_unit"] == "tok/s"
+    assert by["seq_len"]["thr_lost_pct"] == pytest.approx(0.0)
+    assert by["checkpoint"]["thr_lost_pct"] == pytest.approx(50.0)
+    # MLP and CNN (no seq_len) stay in samples/s.
+    assert A.rate(mk(peak=1, thr=3.0)) == (3.0, "samples/s")
+
+
 def test_knob_effects_baseline_missing_or_bad():
     base, pts = grid()
     with pytest.raises(ValueError, match="no baseline"):
