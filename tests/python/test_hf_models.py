@@ -151,6 +151,13 @@ def hf_model(config):
     return cls(cfg)
 
 
+def lm_loss(model, inputs, targets):
+    """Cross-entropy of the model's logits against the next tokens, as memtrade's twin takes it."""
+    logits = model(input_ids=inputs).logits
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             targets.reshape(-1))
+
+
 def hf_step(out, meta, config):
     model = hf_model(config).double()
     state = {k: v.double() for k, v in load_params(out, meta).items()}
@@ -160,8 +167,7 @@ def hf_step(out, meta, config):
     assert not unexpected, unexpected
     inputs = torch.from_numpy(np.load(out / "inputs.npy")).long()
     targets = torch.from_numpy(np.load(out / "targets.npy")).long()
-    logits = model(input_ids=inputs).logits
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    loss = lm_loss(model, inputs, targets)
     loss.backward()
     return model, float(loss), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
@@ -224,9 +230,7 @@ def hf_autocast_step(out, meta, config):
              if isinstance(m, torch.nn.Linear) and m.bias is not None]
     with cpu_isa.torch_lowp(), cpu_isa.fp32_accumulating_gemms():
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(input_ids=inputs).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     targets.reshape(-1))
+            loss = lm_loss(model, inputs, targets)
         loss.backward()
     for h in hooks:
         h.remove()
@@ -324,22 +328,21 @@ def assert_as_close_to_fp64_as_hf(out, meta, config, case, got_loss, got, hf_los
     assert not bad, [f"{n}: {o:.2f}·eps vs HF {t:.2f}·eps" for o, t, _, n in bad]
 
 
-def hf_saved_bytes(out, meta, config):
+def hf_saved_bytes(out, meta, config, loss_of=lm_loss, strict=False):
     """What HF's eager model keeps for backward in fp32 (bench/peers/torch_saved.py's method (a):
     every storage autograd saves, parameters aside, the batch included), on the dump's
-    parameters and batch."""
+    parameters and batch; loss_of(model, inputs, targets) is the forward (strict: every state-dict
+    key dumped, no tied head)."""
     import torch_saved
     model = hf_model(config)
-    model.load_state_dict(load_params(out, meta), strict=False)
+    model.load_state_dict(load_params(out, meta), strict=strict)
     model.train()
     inputs = torch.from_numpy(np.load(out / "inputs.npy")).long()
     targets = torch.from_numpy(np.load(out / "targets.npy")).long()
     rec = torch_saved.SavedRecorder(model, [inputs, targets])
     try:
         with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda p: p):
-            logits = model(input_ids=inputs).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     targets.reshape(-1))
+            loss = loss_of(model, inputs, targets)
         loss.backward()
     finally:
         rec.close()
@@ -678,7 +681,6 @@ def test_moe_saved_bytes_against_hf_eager(memtrade_bin, tmp_path, case):
     (saved-tensor hooks, its loss with the load-balancing term), fp32: the gap is
     moe_eager_extra's, to 1% (the rest: a few scalars and the loss's)."""
     import memtrade_side
-    import torch_saved
     torch.set_num_threads(1)
     config = MOE_CASES[case]
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -688,19 +690,8 @@ def test_moe_saved_bytes_against_hf_eager(memtrade_bin, tmp_path, case):
     trace = memtrade_side.read_trace(
         memtrade_side.make_trace(memtrade_bin, tmp_path / "run", flags))
     ours = memtrade_side.live_at_end_of_forward(trace)["requested"]
-    model = hf_model(config)
-    model.load_state_dict(load_params(out, meta), strict=True)
-    model.train()
-    inputs = torch.from_numpy(np.load(out / "inputs.npy")).long()
-    targets = torch.from_numpy(np.load(out / "targets.npy")).long()
-    rec = torch_saved.SavedRecorder(model, [inputs, targets])
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda p: p):
-            loss = moe_forward(model, config, inputs, targets)
-        loss.backward()
-    finally:
-        rec.close()
-    theirs = rec.bytes_of("activation", "input")
+    theirs = hf_saved_bytes(out, meta, config, strict=True,
+                            loss_of=lambda model, x, y: moe_forward(model, config, x, y))
     extra = moe_eager_extra(meta["hyper"], 2)
     print(f"{case}: HF eager keeps {theirs:,} B, memtrade {ours:,} B, gap {ours - theirs:+,} B, "
           f"formula {-extra:+,} B, residual {ours - theirs + extra:+,} B")
