@@ -292,6 +292,7 @@ def knob_effects(points: Sequence[dict], baseline: dict | None) -> list[dict]:
         k = diff[0]
         v = knob_value(p.get("config") or {}, k)
         ok = is_ok(p)
+        r, unit = rate(p)
         rows.append({
             "knob": k,
             "value": v,
@@ -300,10 +301,10 @@ def knob_effects(points: Sequence[dict], baseline: dict | None) -> list[dict]:
             "status": p.get("status"),
             "peak": peak(p) if ok else None,
             "samples_per_s": throughput(p) if ok else None,
-            "rate": rate(p)[0] if ok else None,
-            "rate_unit": rate(p)[1],
+            "rate": r if ok else None,
+            "rate_unit": unit,
             "mem_saved_pct": 100.0 * (bm - peak(p)) / bm if ok and bm else None,
-            "thr_lost_pct": 100.0 * (bt - rate(p)[0]) / bt if ok and bt else None,
+            "thr_lost_pct": 100.0 * (bt - r) / bt if ok and bt else None,
         })
     order = {k: i for i, k in enumerate(K.names())}
     rows.sort(key=lambda r: (order[r["knob"]],
