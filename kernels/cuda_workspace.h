@@ -1,5 +1,5 @@
-// The CUDA backend's persistent workspace, declared without CUDA headers so that the memory
-// model (harness/run/estimate.cpp with --backend cuda) counts it on machines without CUDA too.
+// memtrade's CUDA backend's persistent workspace. The memory model's CUDA target takes PyTorch's
+// workspaces instead (kernels/torch_workspace.h); a memtrade CUDA run holds this block instead.
 #pragma once
 
 #include <cstddef>

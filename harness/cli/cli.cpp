@@ -24,6 +24,7 @@
 #include "kernels/comm.h"
 #include "kernels/device.h"
 #include "kernels/gpu_specs.h"
+#include "kernels/torch_workspace.h"
 #include "models/config/input_text.h"
 #include "models/model.h"
 
@@ -97,23 +98,31 @@ std::string version_text() {
 // `devices --table`: the GPU table the time model prices ops on (kernels/gpu_specs.h), dense
 // rates, one-way bandwidths, and each row's source.
 int cmd_gpu_table(bool sources) {
-  fmt::print("{:<10} {:<30} {:>4} {:>6} {:>6} {:>7} {:>7} {:>5} {:>7} {:>5} {:>8} {:>4}\n", "gpu",
-             "name", "SMs", "fp32", "tf32", "bf16", "fp8", "GiB", "mem", "PCIe", "NVLink", "dom");
-  fmt::print("{:<10} {:<30} {:>4} {:>6} {:>6} {:>7} {:>7} {:>5} {:>7} {:>5} {:>8} {:>4}\n", "", "",
-             "", "TF/s", "TF/s", "TF/s", "TF/s", "", "GB/s", "GB/s", "GB/s", "");
+  fmt::print(
+      "{:<10} {:<30} {:>4} {:>6} {:>6} {:>7} {:>7} {:>5} {:>7} {:>5} {:>8} {:>4} {:>5} {:>9}\n",
+      "gpu", "name", "SMs", "fp32", "tf32", "bf16", "fp8", "GiB", "mem", "PCIe", "NVLink", "dom",
+      "arch", "cuBLAS ws");
+  fmt::print(
+      "{:<10} {:<30} {:>4} {:>6} {:>6} {:>7} {:>7} {:>5} {:>7} {:>5} {:>8} {:>4} {:>5} {:>9}\n", "",
+      "", "", "TF/s", "TF/s", "TF/s", "TF/s", "", "GB/s", "GB/s", "GB/s", "", "", "bytes");
   for (const GpuSpec& g : gpu_specs()) {
+    // PyTorch's cuBLAS workspace per handle and stream on this generation (torch_workspace.h).
+    const ComputeCapability cc = compute_capability(g.arch);
     fmt::print(
         "{:<10} {:<30} {:>4} {:>6.1f} {:>6.1f} {:>7.1f} {:>7.1f} {:>5.0f} {:>7.0f} {:>5.0f} "
-        "{:>8.0f} {:>4}\n",
+        "{:>8.0f} {:>4} {:>5} {:>9}\n",
         g.name, g.full_name, g.sms, g.fp32_flops / 1e12, g.tf32_flops / 1e12, g.bf16_flops / 1e12,
         g.fp8_flops / 1e12, g.memory_gib, g.memory_bw / 1e9, g.host_bw / 1e9, g.nvlink_bw / 1e9,
-        g.nvlink_domain);
+        g.nvlink_domain, fmt::format("sm{}{}", cc.major, cc.minor), cublas_workspace_bytes(cc));
     if (sources) fmt::print("    source: {}\n", g.source);
   }
   const Fabric fabric;
   fmt::print("between nodes: {:.0f} GB/s per GPU ({})\n", fabric.ib_bw / 1e9, fabric.source);
   fmt::print(
       "PCIe: what a pinned copy reaches, x16 one way (Gen4 25, Gen5 50 GB/s); rates dense\n");
+  fmt::print(
+      "cuBLAS ws: PyTorch's cuBLAS workspace per handle and stream (the memory model's CUDA "
+      "target counts two in training, and 1 MiB of cuBLASLt's per thread with biases)\n");
   return 0;
 }
 

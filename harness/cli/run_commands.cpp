@@ -272,6 +272,23 @@ std::string moe_line(const nlohmann::json& moe) {
       format_bytes(b.at("shared_expert")));
 }
 
+// The CUDA target's workspace line of a text estimate: PyTorch's workspaces live at the peak,
+// and what the model leaves out with its bound.
+std::string workspace_line(const nlohmann::json& w) {
+  std::string out = fmt::format("workspace ({}):", w.at("target").get<std::string>());
+  for (const auto& [name, bytes] : w.at("at_peak").items())
+    out += fmt::format(" {} {},", name, format_bytes(bytes.get<std::int64_t>()));
+  if (w.at("at_peak").empty()) out += " none at the peak,";
+  out.pop_back();
+  for (const auto& u : w.at("unmodeled"))
+    out += fmt::format(
+        "; not modelled: {} ({})", u.at("name").get<std::string>(),
+        u.at("bound_bytes").is_null()
+            ? std::string("no bound")
+            : "at most " + format_bytes(u.at("bound_bytes").get<std::int64_t>()) + " at the peak");
+  return out;
+}
+
 int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank, const std::string& gpu_name,
                  const std::string& moe_routing) {
   const GpuSpec* gpu = gpu_flag(gpu_name, f.knobs);
@@ -303,6 +320,7 @@ int cmd_estimate(CLI::App& cmd, RunFlags& f, bool json, int rank, const std::str
                    breakdown_line(e.resident_after_step), e.seconds);
       if (e.time) fmt::print("    time: {}\n", time_model_line(*e.time));
       if (!e.moe.is_null()) fmt::print("    {}\n", moe_line(e.moe));
+      if (!e.workspace.is_null()) fmt::print("    {}\n", workspace_line(e.workspace));
     }
   }
   if (json)

@@ -11,6 +11,7 @@
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/op_cost.h"
+#include "kernels/torch_workspace.h"
 #include "models/families/decoder.h"
 #include "models/model.h"
 #include "models/train/trainer.h"
@@ -67,13 +68,14 @@ class MetaEvent final : public Event {
 // memory in proportion to the parameter count or the batch.
 class MetaDevice final : public Device {
  public:
-  MetaDevice(Backend backend, std::size_t capacity, int rank, StepClock* clock)
+  MetaDevice(Backend backend, std::size_t capacity, int rank, StepClock* clock,
+             ComputeCapability cc)
       : rank_(rank),
         backend_(backend),
         clock_(clock),
         memory_(std::make_unique<MetaProvider>(kMetaDeviceBase), capacity),
         pinned_(std::make_unique<MetaProvider>(kMetaPinnedBase)),
-        ops_(make_dry_run_ops(backend, clock)) {}
+        ops_(make_dry_run_ops(backend, clock, false, cc)) {}
 
   Backend backend() const override { return backend_; }
   std::string name() const override { return "meta"; }
@@ -125,6 +127,35 @@ class MetaDevice final : public Device {
   std::unique_ptr<Ops> ops_;
 };
 
+// The CUDA target's workspace (MemoryEstimate::workspace): PyTorch's workspaces live at the peak
+// by name, and what the model leaves out, each with its bound.
+nlohmann::json workspace_json(const DryRunWorkspace& w, ComputeCapability cc) {
+  nlohmann::json at_peak = nlohmann::json::object();
+  for (const auto& [name, bytes] : w.at_peak) at_peak[name] = bytes;
+  nlohmann::json unmodeled = nlohmann::json::array();
+  if (w.convolutions > 0)
+    unmodeled.push_back(
+        {{"name", "cudnn_convolution"},
+         {"bound_bytes", nullptr},
+         {"why",
+          "the workspace of the cuDNN plan chosen for each convolution, allocated for the call "
+          "and freed (aten/src/ATen/native/cudnn/Conv_v8.cpp run_conv_plan): "
+          "algorithm-dependent, and PyTorch sets no bound"}});
+  if (w.embedding_sorts > 0)
+    unmodeled.push_back(
+        {{"name", "embedding_sort_cub_tiles"},
+         {"bound_bytes", 0},
+         {"why",
+          "cub's radix-sort bins and look-back tiles and unique_by_key's and exclusive_sum's "
+          "tile state: live only while fewer of the op's buffers are (40n B during the sort "
+          "against 48n + 4nc B at its end), so 0 B at the peak"}});
+  return {{"target", fmt::format("sm{}{}", cc.major, cc.minor)},
+          {"cublas_bytes", cublas_workspace_bytes(cc)},
+          {"cublaslt_bytes", cublaslt_workspace_bytes(cc)},
+          {"at_peak", at_peak},
+          {"unmodeled", unmodeled}};
+}
+
 }  // namespace
 
 MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::size_t capacity,
@@ -135,7 +166,9 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   std::optional<StepClock> clock;
   // One GPU per rank of tp × dp; each group's collectives are timed over its own ranks.
   if (gpu) clock.emplace(*gpu, fabric, static_cast<int>(cfg.tensor_parallel * cfg.data_parallel));
-  MetaDevice dev(backend, capacity, rank, clock ? &*clock : nullptr);
+  // PyTorch's CUDA workspaces are sized for the GPU's generation (kernels/torch_workspace.h).
+  const ComputeCapability cc = gpu ? compute_capability(gpu->arch) : kDefaultCudaTarget;
+  MetaDevice dev(backend, capacity, rank, clock ? &*clock : nullptr, cc);
   auto model = make_model(cfg, tp_rank_of(rank, static_cast<int>(cfg.tensor_parallel)));
   auto* moe = dynamic_cast<MoeRouted*>(model.get());
   if (moe && !moe->moe().enabled()) moe = nullptr;
@@ -160,6 +193,7 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   e.peak_reserved = s.reserved.peak;
   e.host_pinned_peak = dev.pinned().stats().allocated.peak;
   e.breakdown_at_peak = s.by_category_at_peak;
+  if (backend == Backend::cuda) e.workspace = workspace_json(dry_run_workspace(dev.ops()), cc);
   e.copied_inputs = dev.copied_inputs;
   e.copied_passes = dev.copied_passes;
   e.copied_optimizer = dev.copied_optimizer;
@@ -254,6 +288,7 @@ nlohmann::json estimate_json(const MemoryEstimate& e) {
                       {"seconds", e.seconds}};
   if (e.time) j["time_model"] = time_model_json(*e.time);
   if (!e.moe.is_null()) j["moe"] = e.moe;
+  if (!e.workspace.is_null()) j["workspace"] = e.workspace;
   return j;
 }
 

@@ -7,8 +7,9 @@
 // values exist (Device::holds_data is false): its cost grows with the number of allocations
 // a step makes, not with the parameter count or the batch. Every layer's saved activations, every
 // checkpoint/offload decision and every allocator rounding is therefore counted exactly as it
-// will happen; what it cannot see is library workspace that a vendor library decides at run
-// time (cuDNN algorithm workspace), which it bounds by the configured limit.
+// will happen. For a CUDA target it takes PyTorch's CUDA workspaces where PyTorch's CUDA path
+// takes them (kernels/torch_workspace.h), sized for the --gpu's generation (sm90 without one),
+// and names what it cannot size (cuDNN's algorithm-dependent workspace) with its bound.
 #pragma once
 
 #include <array>
@@ -48,6 +49,10 @@ struct MemoryEstimate {
   // A mixture-of-experts model (layers/moe.h): the routing used and what its layers saved;
   // null otherwise (moe_json).
   nlohmann::json moe;
+  // A CUDA target: PyTorch's workspaces live at the peak by name (their sum is the peak's
+  // `workspace`), the generation they are sized for and what is left out, with its bound;
+  // null for the CPU.
+  nlohmann::json workspace;
 };
 
 // `--moe-routing`: "balanced", "worst", or a results file whose point (the one with

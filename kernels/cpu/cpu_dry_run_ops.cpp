@@ -7,29 +7,55 @@
 // With a StepClock they are also the time model's source (kernels/op_cost.h): each op charges
 // its GEMM shapes, FLOPs and the bytes it reads and writes (each input read once, each output
 // written once, an in-place tensor both), which the clock prices on the chosen GPU.
+//
+// For a CUDA target the CPU's workspace (fp32 copies, im2col) is left out and PyTorch's CUDA
+// workspaces are taken where PyTorch's CUDA path takes them (kernels/torch_workspace.h): the
+// cuBLAS and cuBLASLt workspaces of the main and the autograd thread on their first GEMM, and
+// the embedding backward's sort buffers in the op. Each is named; the names live at the
+// allocator's peak are workspace_at_peak().
 #include <algorithm>
 #include <optional>
 
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/cuda_workspace.h"
 #include "kernels/op_cost.h"
+#include "kernels/torch_workspace.h"
 
 namespace memtrade {
 namespace {
 
 class DryRunOps final : public Ops {
  public:
-  DryRunOps(Backend target, StepClock* clock, bool host)
-      : cuda_(target == Backend::cuda), clock_(clock), host_(host) {}
+  DryRunOps(Backend target, StepClock* clock, bool host, ComputeCapability cc)
+      : cuda_(target == Backend::cuda), clock_(clock), host_(host), cc_(cc) {}
   std::string name() const override { return cuda_ ? "cuda (dry run)" : "cpu (dry run)"; }
   void set_tf32(bool on) override { tf32_ = on; }
+
+  // dry_run_workspace(): the named blocks at the peak, merged by name in first-seen order.
+  DryRunWorkspace workspace(const CachingAllocator* alloc) {
+    if (alloc) note_peak(*alloc);
+    DryRunWorkspace w;
+    for (const auto& [name, bytes] : at_peak_) {
+      auto it = std::find_if(w.at_peak.begin(), w.at_peak.end(),
+                             [&](const auto& e) { return e.first == name; });
+      if (it == w.at_peak.end())
+        w.at_peak.emplace_back(name, bytes);
+      else
+        it->second += bytes;
+    }
+    w.convolutions = convolutions_;
+    w.embedding_sorts = embedding_sorts_;
+    return w;
+  }
+  const CachingAllocator* allocator() const {
+    return !kept_.empty() ? kept_.front().t.allocator() : nullptr;
+  }
 
   void matmul(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool, float,
               float beta) override {
     const std::size_t r = c.shape().size();
     gemm(r == 3 ? c.dim(0) : 1, c.dim(r - 2), c.dim(r - 1), trans_a ? a.dim(r - 2) : a.dim(r - 1),
          gemm_dtype(a, b, c), nb(a) + nb(b) + nb(c) * (beta != 0.0f ? 2 : 1));
-    lt_workspace(*c.allocator());
+    cublas(*c.allocator());
     auto a32 = f32_copy(a, *c.allocator());
     auto b32 = f32_copy(b, *c.allocator());
     auto c32 = f32_copy(c, *c.allocator());
@@ -39,7 +65,8 @@ class DryRunOps final : public Ops {
     const std::int64_t oc = weight.dim(0), c = weight.dim(1);
     gemm(1, inp.numel() / std::max<std::int64_t>(c, 1), oc, c, gemm_dtype(inp, weight, out),
          nb(inp) + nb(weight) + nb(out) + (bias ? nb(*bias) : 0));
-    lt_workspace(*out.allocator());
+    cublas(*out.allocator());
+    if (bias) cublaslt(*out.allocator());  // addmm with a bias: cuBLASLt's gemm_and_bias
     auto x = f32_copy(inp, *out.allocator());
     auto w = f32_copy(weight, *out.allocator());
     auto y = f32_copy(out, *out.allocator());
@@ -54,7 +81,7 @@ class DryRunOps final : public Ops {
       gemm(1, oc, c, rows, gemm_dtype(dout, inp, *dweight),
            nb(dout) + nb(inp) + nb(*dweight) * (accumulate ? 2 : 1));
     if (dbias) memory(nb(dout) + nb(*dbias) * (accumulate ? 2 : 1));
-    if (dinp || dweight) lt_workspace(*(dinp ? dinp : dweight)->allocator());
+    if (dinp || dweight) cublas(*(dinp ? dinp : dweight)->allocator());
     if (dinp) {
       auto g = f32_copy(dout, *dinp->allocator());
       auto w = f32_copy(weight, *dinp->allocator());
@@ -135,7 +162,7 @@ class DryRunOps final : public Ops {
       gemm(bh, t, hd, t, qkv.dtype(), scores + nb(qkv) / 3.0 + nb(dqkv) / 3.0);
     }
     CachingAllocator& alloc = *dqkv.allocator();
-    lt_workspace(alloc);
+    cublas(alloc);
     Tensor dp(alloc, {n_head, t, t}, qkv.dtype(), Category::temporaries);
     const Category ws = Category::workspace;
     const bool lowp = qkv.dtype() != DType::F32;
@@ -146,7 +173,7 @@ class DryRunOps final : public Ops {
     auto ds_buf = scratch_if(lowp, alloc, {t, t}, ws);
   }
   // Flash (kernels/cpu/cpu_ops_flash.cpp, kernels/cuda/cuda_ops_flash.cu): no GEMM library, so
-  // no cuBLASLt workspace; backward's D on both backends, the CPU's fp32 copies on the CPU.
+  // no cuBLAS workspace; backward's D on both backends, the CPU's fp32 copies on the CPU.
   void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
                                int n_kv_head) override {
     if (qkv.numel() == 0) return;
@@ -178,11 +205,17 @@ class DryRunOps final : public Ops {
     memory(nb(tokens) + nb(out) * (wpe ? 3 : 2));  // the gathered rows, the positions, out
   }
   // torch's embedding_dense_backward: a zeroed (V, C) gradient, then the rows scattered into it.
+  // For CUDA, PyTorch's sort buffers: wte's over the B·T tokens, wpe's over the T positions
+  // (HF's position_ids are one (1, T) row, broadcast over the batch).
   void embedding_backward(Tensor* dwte, Tensor* dwpe, const Tensor& dout, const Tensor& tokens,
                           bool accumulate) override {
     memory(nb(tokens) + nb(dout) + 2 * nb(dout) * ((dwte ? 1 : 0) + (dwpe ? 1 : 0)) +
            (accumulate ? 0 : opt_nb(dwte) + opt_nb(dwpe)));
-    if (dwte) Tensor order(*dwte->allocator(), {tokens.numel()}, DType::I32, Category::temporaries);
+    if (dwte) {
+      Tensor order(*dwte->allocator(), {tokens.numel()}, DType::I32, Category::temporaries);
+      embedding_sort(*dwte->allocator(), tokens.numel(), dwte->dim(1));
+    }
+    if (dwpe) embedding_sort(*dwpe->allocator(), tokens.dim(1), dwpe->dim(1));
   }
   void vocab_local_tokens(Tensor& local, const Tensor& targets, std::int64_t,
                           std::int64_t) override {
@@ -209,13 +242,15 @@ class DryRunOps final : public Ops {
   }
   double sum_to_host(const Tensor& t) override {
     memory(nb(t));
-    lt_workspace(*t.allocator());
     return 0.0;
   }
 
   // Convolution as cuDNN's implicit GEMM: (Co) x (N·OH·OW) x (Ci·KH·KW).
+  // For CUDA, cuDNN's workspace is the chosen plan's (algorithm-dependent): not modelled, only
+  // counted (convolutions()), so that the estimate names it.
   void conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor*,
                       int stride, int pad) override {
+    ++convolutions_;
     Conv d = dims(inp, weight, stride, pad);
     gemm(1, d.co, inp.dim(0) * d.p, d.k, gemm_dtype(inp, weight, out),
          nb(inp) + nb(weight) + nb(out));
@@ -228,6 +263,7 @@ class DryRunOps final : public Ops {
                        const Tensor& inp, const Tensor& weight, int stride, int pad,
                        bool) override {
     if (!dinp && !dweight) return;
+    ++convolutions_;
     Conv d = dims(inp, weight, stride, pad);
     if (dinp)
       gemm(1, d.k, inp.dim(0) * d.p, d.co, gemm_dtype(dout, weight, *dinp),
@@ -244,19 +280,15 @@ class DryRunOps final : public Ops {
                                {inp.dim(1), inp.dim(2), inp.dim(3)}, Category::workspace);
     auto col = scratch_if(true, alloc, {d.k, d.p}, Category::workspace);
   }
-  // CUDA's batch-norm keeps its per-block partial sums in the small scratch (when it splits
-  // channels across blocks, which the tiny and small CNNs do).
   // Batch-norm reads its input twice (statistics, then normalisation); backward reads dout and
   // the input twice (the sums, then dinp).
   void batchnorm_forward(Tensor& out, Tensor&, Tensor&, const Tensor& inp, const Tensor&,
                          const Tensor&, Tensor*, Tensor*, float, float) override {
     memory(2 * nb(inp) + nb(out));
-    lt_workspace(*out.allocator());
   }
   void batchnorm_backward(Tensor& dinp, Tensor*, Tensor*, const Tensor& dout, const Tensor& inp,
                           const Tensor&, const Tensor&, const Tensor&, bool) override {
     memory(2 * (nb(dout) + nb(inp)) + nb(dinp));
-    lt_workspace(*dinp.allocator());
   }
   void global_avgpool_forward(Tensor& out, const Tensor& inp) override {
     memory(nb(out) + nb(inp));
@@ -315,8 +347,6 @@ class DryRunOps final : public Ops {
     for (Tensor* g : grads)
       if (g) bytes += nb(*g) * (inv_scale != 1.0f ? 2 : 1);
     memory(bytes);
-    for (Tensor* g : grads)
-      if (g && g->allocator()) lt_workspace(*g->allocator());
     return false;
   }
   void optimizer_update(const OptimizerHyper&, Tensor& param, const Tensor& grad, Tensor* state0,
@@ -346,12 +376,72 @@ class DryRunOps final : public Ops {
     if (!need || (cuda_ && c == Category::workspace)) return std::nullopt;
     return Tensor(alloc, std::move(shape), DType::F32, c);
   }
-  // CUDA: the persistent cuBLASLt workspace + small scratch, from the first GEMM or reduction.
-  void lt_workspace(CachingAllocator& alloc) {
-    if (!cuda_ || workspace_.defined()) return;
-    workspace_ = Tensor(
-        alloc, {static_cast<std::int64_t>((kCudaLtWorkspaceBytes + kCudaSmallScratchBytes) / 4)},
-        DType::I32, Category::workspace);
+  // ---- PyTorch's CUDA workspaces (CUDA target only) ----
+  // The host thread whose cuBLAS handle a GEMM uses: autograd's device thread in backward
+  // (recomputation included), the main thread elsewhere (kernels/torch_workspace.h).
+  static int thread_of(const CachingAllocator& alloc) { return alloc.phase() == "backward"; }
+  // A named block: kept (the handles' workspaces) or transient (in an op, until `pop`).
+  void named(CachingAllocator& alloc, std::int64_t bytes, const char* name, bool kept) {
+    note_peak(alloc);
+    auto& list = kept ? kept_ : transient_;
+    Tensor t(alloc, {(bytes + 3) / 4}, DType::I32, Category::workspace);
+    const auto block = static_cast<std::int64_t>(alloc.block_size(t.data()));
+    list.push_back({name, std::move(t), block});
+    note_peak(alloc);
+  }
+  void pop_transient(std::size_t n) {  // the last-taken first
+    for (; n > 0; --n) transient_.pop_back();
+  }
+  // The calling thread's cuBLAS workspace, taken on its handle's first GEMM.
+  void cublas(CachingAllocator& alloc) {
+    if (!cuda_) return;
+    note_peak(alloc);
+    const int t = thread_of(alloc);
+    if (cublas_[t]) return;
+    cublas_[t] = true;
+    named(alloc, static_cast<std::int64_t>(cublas_workspace_bytes(cc_)),
+          t ? "cublas_autograd_thread" : "cublas_main_thread", true);
+  }
+  void cublaslt(CachingAllocator& alloc) {
+    if (!cuda_) return;
+    const int t = thread_of(alloc);
+    if (cublaslt_[t]) return;
+    cublaslt_[t] = true;
+    named(alloc, static_cast<std::int64_t>(cublaslt_workspace_bytes(cc_)),
+          t ? "cublaslt_autograd_thread" : "cublaslt_main_thread", true);
+  }
+  // embedding_dense_backward_cuda's sort path for n indices (kernels/torch_workspace.h), in its
+  // allocation order; everything is freed when it returns.
+  void embedding_sort(CachingAllocator& alloc, std::int64_t n, std::int64_t c) {
+    if (!cuda_) return;
+    const EmbeddingSortBuffers b = embedding_sort_buffers(n, c);
+    if (b.index == 0) return;
+    ++embedding_sorts_;
+    const char* seg = "embedding_sort_segments";
+    named(alloc, b.index, "embedding_sort_indices", false);  // sorted_indices
+    named(alloc, b.index, "embedding_sort_indices", false);  // orig_indices
+    named(alloc, b.range, "embedding_sort_range", false);
+    named(alloc, b.sort_alt, "embedding_sort_cub", false);
+    pop_transient(2);                     // the sort's temporary storage, then `range`
+    named(alloc, b.segment, seg, false);  // segment_offsets
+    named(alloc, b.scalar, seg, false);   // num_of_segments
+    named(alloc, b.segment, seg, false);  // partials_per_segment
+    named(alloc, b.segment, seg, false);  // partials_per_segment_offset
+    named(alloc, b.scalar, seg, false);   // num_of_partial_segments
+    named(alloc, b.segment, seg, false);  // partial_segment_offset
+    named(alloc, b.partial_sums, "embedding_sort_partial_sums", false);
+    pop_transient(9);
+  }
+  // Records the named blocks live whenever the allocator's peak has moved since the last look:
+  // between ops only kept blocks live, so a look at every GEMM and in every named allocation
+  // sees each peak with what was live at it.
+  void note_peak(const CachingAllocator& alloc) {
+    const std::int64_t peak = alloc.stats().allocated.peak;
+    if (peak == seen_peak_) return;
+    seen_peak_ = peak;
+    at_peak_.clear();
+    for (const auto* list : {&kept_, &transient_})
+      for (const Named& n : *list) at_peak_.emplace_back(n.name, n.block);
   }
 
   // ---- the time model's charges (no clock: nothing) ----
@@ -394,8 +484,18 @@ class DryRunOps final : public Ops {
   bool cuda_;
   StepClock* clock_;
   bool host_;
+  ComputeCapability cc_;
   bool tf32_ = false;
-  Tensor workspace_;
+  struct Named {
+    const char* name;
+    Tensor t;
+    std::int64_t block;  // the allocator's rounded bytes
+  };
+  std::vector<Named> kept_, transient_;
+  bool cublas_[2] = {false, false}, cublaslt_[2] = {false, false};  // by thread_of()
+  std::int64_t seen_peak_ = -1;
+  std::vector<std::pair<std::string, std::int64_t>> at_peak_;
+  std::int64_t convolutions_ = 0, embedding_sorts_ = 0;
 
   struct Conv {
     std::int64_t co, k, p;
@@ -411,7 +511,7 @@ class DryRunOps final : public Ops {
   void attention(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int n_kv_head) {
     const std::int64_t t = qkv.dim(1), hd = head_dim(qkv, n_head, n_kv_head);
     CachingAllocator& alloc = *(out ? out : &att)->allocator();
-    lt_workspace(alloc);
+    cublas(alloc);
     const Category ws = Category::workspace;
     auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, t, hd}, ws);
     auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {t, t}, ws);
@@ -422,7 +522,17 @@ class DryRunOps final : public Ops {
 }  // namespace
 
 std::unique_ptr<Ops> make_dry_run_ops(Backend target, StepClock* clock, bool host) {
-  return std::make_unique<DryRunOps>(target, clock, host);
+  return std::make_unique<DryRunOps>(target, clock, host, kDefaultCudaTarget);
+}
+
+std::unique_ptr<Ops> make_dry_run_ops(Backend target, StepClock* clock, bool host,
+                                      ComputeCapability cc) {
+  return std::make_unique<DryRunOps>(target, clock, host, cc);
+}
+
+DryRunWorkspace dry_run_workspace(Ops& ops) {
+  auto* d = dynamic_cast<DryRunOps*>(&ops);
+  return d ? d->workspace(d->allocator()) : DryRunWorkspace{};
 }
 
 }  // namespace memtrade

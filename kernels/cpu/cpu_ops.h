@@ -17,9 +17,9 @@ namespace memtrade {
 
 // The same scratch allocations as make_cpu_ops()'s ops, without arithmetic or memory access:
 // what the memory model (harness/run/estimate.cpp) runs a step with. For Backend::cuda, the
-// backend-neutral scratch (Category::temporaries, equal on both backends) plus the CUDA ops'
-// persistent cuBLASLt workspace instead of the CPU's workspace; CUDA's transient workspace
-// (cuDNN's, dtype casts, sort buffers) is not modelled.
+// backend-neutral scratch (Category::temporaries, equal on both backends) plus PyTorch's CUDA
+// workspaces instead of the CPU's workspace, sized for sm90 (kernels/torch_workspace.h, which
+// also has the overload for another generation and what the dry run saw: dry_run_workspace).
 // With a `clock` (kernels/op_cost.h) every op also charges its cost to it: a device op to the
 // compute stream, or, with `host`, the host's ops of the offload modes to the host.
 class StepClock;

@@ -1,7 +1,8 @@
-// The memory model for a CUDA target: the backend-neutral allocations of the CPU model plus the
-// CUDA ops' persistent cuBLASLt workspace, and none of the CPU's workspace (fp32 copies of
-// 16-bit GEMM operands, im2col). Runs anywhere: the model's device is address space only.
-// And the figures of a covering set of knob settings, held byte for byte to a recorded fixture.
+// The memory model for a CUDA target: the backend-neutral allocations of the CPU model plus
+// PyTorch's CUDA workspaces (kernels/torch_workspace.h), and none of the CPU's workspace (fp32
+// copies of 16-bit GEMM operands, im2col). Runs anywhere: the model's device is address space
+// only. And the figures of a covering set of knob settings, held byte for byte to a recorded
+// fixture.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +13,7 @@
 #include "fixtures/gate_fixtures.h"
 #include "harness/run/estimate.h"
 #include "harness/run/grid.h"
-#include "kernels/cuda_workspace.h"
+#include "kernels/torch_workspace.h"
 #include "models/config/config.h"
 
 namespace memtrade {
@@ -28,36 +29,96 @@ TrainConfig config(const char* model, Precision p) {
 
 constexpr auto kWs = static_cast<std::size_t>(Category::workspace);
 
-TEST(EstimateCuda, Fp32GptIsTheCpuModelPlusTheLtWorkspace) {
+// The named workspace of an estimate's `workspace.at_peak`, summed.
+std::int64_t named_sum(const MemoryEstimate& e) {
+  std::int64_t sum = 0;
+  for (const auto& [name, bytes] : e.workspace.at("at_peak").items())
+    sum += bytes.get<std::int64_t>();
+  return sum;
+}
+
+TEST(EstimateCuda, Fp32GptIsTheCpuModelPlusPyTorchsWorkspaces) {
   // gpt-tiny in fp32 has no CPU workspace at all (no 16-bit operand, no convolution), so the
-  // CUDA figure is the CPU one shifted by the persistent block, category by category.
+  // CUDA figure is the CPU one shifted by the named blocks, category by category: at its
+  // backward peak the main thread's cuBLAS and cuBLASLt (biased linears) workspaces and the
+  // autograd thread's cuBLAS one, 32 MiB each on sm90.
   const TrainConfig cfg = config("gpt-tiny", Precision::fp32);
   const MemoryEstimate cpu = estimate_memory(cfg, Backend::cpu, 0);
   const MemoryEstimate cuda = estimate_memory(cfg, Backend::cuda, 0);
   ASSERT_TRUE(cpu.fits);
   ASSERT_TRUE(cuda.fits);
   EXPECT_EQ(cpu.breakdown_at_peak[kWs], 0);
-  const auto ws = static_cast<std::int64_t>(kCudaLtWorkspaceBytes + kCudaSmallScratchBytes);
-  EXPECT_EQ(cuda.breakdown_at_peak[kWs], ws);
-  EXPECT_EQ(cuda.peak_allocated, cpu.peak_allocated + ws);
+  EXPECT_TRUE(cpu.workspace.is_null());
+  const testing::json& at_peak = cuda.workspace.at("at_peak");
+  EXPECT_EQ(at_peak, testing::json({{"cublas_main_thread", 32 << 20},
+                                    {"cublaslt_main_thread", 1 << 20},
+                                    {"cublas_autograd_thread", 32 << 20}}));
+  EXPECT_EQ(cuda.breakdown_at_peak[kWs], named_sum(cuda));
+  EXPECT_EQ(cuda.peak_allocated, cpu.peak_allocated + named_sum(cuda));
   for (std::size_t c = 0; c < kNumCategories; ++c) {
     if (c == kWs) continue;
     EXPECT_EQ(cuda.breakdown_at_peak[c], cpu.breakdown_at_peak[c])
         << category_name(static_cast<Category>(c));
   }
+  EXPECT_EQ(cuda.workspace.at("target"), "sm90");
+  EXPECT_TRUE(cuda.workspace.at("unmodeled").empty());  // no convolution, 32 tokens: no sort
+}
+
+TEST(EstimateCuda, TheGpusGenerationSizesCublas) {
+  // The same point on an A100 (sm80): each cuBLAS workspace is 8,519,680 B instead of 32 MiB.
+  const TrainConfig cfg = config("gpt-tiny", Precision::fp32);
+  const MemoryEstimate h100 = estimate_memory(cfg, Backend::cuda, 0, 1, 0, find_gpu("h100"));
+  const MemoryEstimate a100 = estimate_memory(cfg, Backend::cuda, 0, 1, 0, find_gpu("a100-80g"));
+  EXPECT_EQ(a100.workspace.at("target"), "sm80");
+  EXPECT_EQ(a100.workspace.at("at_peak").at("cublas_autograd_thread"), 8'519'680);
+  EXPECT_EQ(h100.peak_allocated - a100.peak_allocated, 2 * (33'554'432 - 8'519'680));
+  EXPECT_EQ(h100.peak_allocated, estimate_memory(cfg, Backend::cuda, 0).peak_allocated);
 }
 
 TEST(EstimateCuda, SixteenBitAndConvNeedNoCpuWorkspace) {
-  const auto ws = static_cast<std::int64_t>(kCudaLtWorkspaceBytes + kCudaSmallScratchBytes);
   for (const char* model : {"gpt-tiny", "mlp-tiny", "cnn-tiny"}) {
     TrainConfig cfg = config(model, Precision::bf16);
     // The peak in backward, where the workspace is: foreach's temporaries make mlp-tiny's
-    // optimizer step (no workspace there) its peak.
+    // optimizer step its peak.
     cfg.optimizer_impl = OptimizerImpl::fused;
     const MemoryEstimate cpu = estimate_memory(cfg, Backend::cpu, 0);
     const MemoryEstimate cuda = estimate_memory(cfg, Backend::cuda, 0);
     EXPECT_GT(cpu.breakdown_at_peak[kWs], 0) << model << ": the CPU copies 16-bit operands";
-    EXPECT_EQ(cuda.breakdown_at_peak[kWs], ws) << model;
+    EXPECT_EQ(cuda.breakdown_at_peak[kWs], named_sum(cuda)) << model;
+    EXPECT_GT(named_sum(cuda), 0) << model;
+    // cuDNN's workspace is named, unbounded, where there are convolutions.
+    const testing::json& unmodeled = cuda.workspace.at("unmodeled");
+    if (std::string_view(model) == "cnn-tiny") {
+      ASSERT_EQ(unmodeled.size(), 1u);
+      EXPECT_EQ(unmodeled[0].at("name"), "cudnn_convolution");
+      EXPECT_TRUE(unmodeled[0].at("bound_bytes").is_null());
+    } else {
+      EXPECT_TRUE(unmodeled.empty()) << model;
+    }
+  }
+}
+
+TEST(EstimateCuda, Llama3_8bAt4096TokensHoldsTwoCublasWorkspacesAtItsPeak) {
+  // The atlas point (bf16 autocast, AdamW foreach, batch 1, flash): the peak is the optimizer
+  // step, where both threads' cuBLAS workspaces are kept and no cuBLASLt one exists (Llama's
+  // linears have no bias). Its 4096 tokens take the embedding's sort path in backward, whose
+  // cub tiles are named, with 0 B at the peak.
+  TrainConfig cfg = config("llama3-8b", Precision::bf16);
+  cfg.batch_size = 1;
+  cfg.seq_len = 4096;
+  cfg.optimizer = OptimizerKind::adamw;
+  cfg.attention = AttentionKind::flash;
+  for (const auto& [gpu, cublas] :
+       {std::pair("h100", 33'554'432), std::pair("a100-80g", 8'519'680)}) {
+    const MemoryEstimate e = estimate_memory(cfg, Backend::cuda, 0, 1, 0, find_gpu(gpu));
+    SCOPED_TRACE(gpu);
+    EXPECT_EQ(e.workspace.at("at_peak"),
+              testing::json({{"cublas_main_thread", cublas}, {"cublas_autograd_thread", cublas}}));
+    EXPECT_EQ(e.breakdown_at_peak[kWs], 2 * cublas);
+    const testing::json& unmodeled = e.workspace.at("unmodeled");
+    ASSERT_EQ(unmodeled.size(), 1u);
+    EXPECT_EQ(unmodeled[0].at("name"), "embedding_sort_cub_tiles");
+    EXPECT_EQ(unmodeled[0].at("bound_bytes"), 0);
   }
 }
 

@@ -3,7 +3,7 @@
 // storage dtype. Both run against the same CPU allocator; every alloc and free is compared
 // (size, requested size, category, order). For the CUDA target the dry run must make the CPU's
 // sequence outside Category::workspace (tests/gpu/test_cuda_alloc_sequence.cpp holds CUDA to
-// the CPU there) and nothing in the workspace but the persistent cuBLASLt block.
+// the CPU there); its workspace is PyTorch's (tests/kernels/test_torch_workspace.cpp).
 #include <functional>
 #include <tuple>
 
