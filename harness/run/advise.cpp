@@ -53,7 +53,8 @@ class Evaluator {
     p.exact = e.accumulation == c.accumulation;
     p.fits = m.peak_reserved <= static_cast<std::int64_t>(limit_);
     if (!p.fits && m.peak_allocated <= static_cast<std::int64_t>(limit_)) {
-      p.fits = estimate_memory(e, backend_, limit_).fits;  // the allocator releases its cache
+      // The allocator releases its cache; the card's generation sizes PyTorch's workspaces.
+      p.fits = estimate_memory(e, backend_, limit_, 1, 0, gpu_, fabric_).fits;
       ++estimates;
     }
     last_inputs = cost_inputs(c, model_for(c), m, e.accumulation);

@@ -129,9 +129,18 @@ TEST_F(DryRunCudaWorkspace, TheEmbeddingSortsOnlyAbove3072IndicesAndFreesEveryth
     // segment buffers with their two scalars, grad_weight_per_segment; then every one freed.
     // Position embeddings sort T = 2048 <= 3072 positions: nothing.
     using Events = std::vector<std::pair<std::size_t, bool>>;
-    const Events want = {{i, true},      {i, true},     {i, true},     {2 * i, true},
-                         {2 * i, false}, {i, false},    {i, true},     {8, true},
-                         {i, true},      {i, true},     {8, true},     {i, true},
+    const Events want = {{i, true},
+                         {i, true},
+                         {i, true},
+                         {2 * i, true},
+                         {2 * i, false},
+                         {i, false},
+                         {i, true},
+                         {8, true},
+                         {i, true},
+                         {i, true},
+                         {8, true},
+                         {i, true},
                          {static_cast<std::size_t>(n * c * 4), true}};
     ASSERT_GE(events.size(), want.size());
     EXPECT_EQ(Events(events.begin(), events.begin() + static_cast<std::ptrdiff_t>(want.size())),
