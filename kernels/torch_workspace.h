@@ -35,7 +35,8 @@ inline constexpr ComputeCapability kDefaultCudaTarget{9, 0};
 // cuBLAS's workspace, one per (cuBLAS handle, stream) pair, from the caching allocator on the
 // handle's first use (getCurrentCUDABlasHandle -> setWorkspaceForHandle) and kept. Handles are
 // per host thread (a thread-local pool window), and autograd runs a CUDA backward on its own
-// device thread (torch/csrc/autograd/engine.cpp), so training holds two: the main thread's
+// device thread (torch/csrc/autograd/engine.cpp Engine::thread_init, Note [Allocating GPUs to
+// autograd threads]: a thread per CUDA device), so training holds two: the main thread's
 // (forward, optimizer) and the autograd thread's (backward, checkpoint recomputation). With
 // CUBLAS_WORKSPACE_CONFIG unset: ":4096:2:16:8" = 4096 KiB·2 + 16 KiB·8 = 8,519,680 B, and
 // 4096 KiB·8 = 32 MiB on sm90 exactly (parseChosenWorkspaceSize: major == 9 && minor == 0).
