@@ -133,7 +133,9 @@ TEST(EstimateCuda, Llama3_8bAt4096TokensHoldsTwoCublasWorkspacesAtItsPeak) {
 // GPT's selective checkpointing became Megatron's (attention core only; the GELU input is kept),
 // its 8 GPT selective points were re-recorded. When the optimizer step gained torch.optim's
 // temporaries (optimizer_impl, foreach by default: PyTorch's CUDA default), the fixture was
-// regenerated with the new axis among the covered pairs: the second deliberate change.
+// regenerated with the new axis among the covered pairs: the second deliberate change. When the
+// CUDA target took PyTorch's CUDA workspaces (kernels/torch_workspace.h), its 92 CUDA points
+// were regenerated (each gains `workspace`); the 59 CPU points stayed byte for byte: the third.
 TEST(EstimateFixture, EveryFigureIsAsRecorded) {
   const auto fixture = testing::json::parse(testing::read_file(
       std::string(MEMTRADE_SOURCE_DIR) + "/tests/harness/fixtures/estimate_fixture.json"));
