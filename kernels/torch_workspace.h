@@ -8,7 +8,8 @@
 //     getCurrentCUDABlasHandle
 //   aten/src/ATen/cuda/CUDABlas.cpp (bd53dc4f): CublasLtWorkspace (the Lt matmuls' workspace)
 //   aten/src/ATen/native/cuda/Embedding.cu (1c94016e): embedding_dense_backward_cuda
-//   aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu (01b9dc56): embedding_backward_cuda_kernel
+//   aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu (01b9dc56, and the current one:
+//     max_segments = min(numel, num_weights)): embedding_backward_cuda_kernel
 //   aten/src/ATen/native/cudnn/Conv_v8.cpp (00725399): run_conv_plan
 // memtrade's own CUDA backend keeps one block of its own instead (kernels/cuda_workspace.h).
 #pragma once
@@ -52,27 +53,34 @@ std::size_t cublaslt_workspace_bytes(ComputeCapability cc);
 // scale_grad_by_freq off); up to it one kernel writes the gradient, with no scratch.
 inline constexpr std::int64_t kEmbeddingSortThreshold = 3072;
 
-// The sort path's buffers for n indices (int64: nn.Embedding takes LongTensor ids) and gradient
-// rows of c elements, in allocation order; all freed before the op returns. Zero for
-// n <= kEmbeddingSortThreshold.
+// The sort path's buffers for n indices (int64: nn.Embedding takes LongTensor ids) into a table of
+// v rows of c elements, in allocation order; all freed before the op returns. Zero for
+// n <= kEmbeddingSortThreshold. EmbeddingBackwardKernel.cu is the current one, which sizes the
+// per-segment buffers by s = min(n, v) segments and p = n/10 + s partial segments
+// (NROWS_PER_THREAD = 10) without reading the data; the revision named above sized them n.
 struct EmbeddingSortBuffers {
-  // embedding_dense_backward_cuda: sorted_indices and orig_indices (n each), kept to the end.
-  std::int64_t index = 0;  // one of them: n·8
+  // embedding_dense_backward_cuda: sorted_indices and orig_indices, kept to the end.
+  std::int64_t index = 0;  // each: n·8
   // During the sort only: `range` (arange(n)) and cub's SortPairs temporary storage, of which
-  // this counts the alternate keys and values (n·8 each: not overwrite-okay, 64-bit keys, 8
-  // passes) and leaves out the bins, look-back tiles and counters (unmodeled_cub_note).
+  // this counts the alternate keys and values (not overwrite-okay, 64-bit keys, 8 passes) and
+  // leaves out the bins, look-back tiles and counters (cub_tiles_bound).
   std::int64_t range = 0;     // n·8
   std::int64_t sort_alt = 0;  // 2·n·8
-  // embedding_backward_cuda_kernel (the sync-free version: CUB unique_by_key, every buffer n
-  // long): segment_offsets, partials_per_segment, partials_per_segment_offset,
-  // partial_segment_offset (n·8 each), two int64 scalars (num_of_segments,
-  // num_of_partial_segments), and grad_weight_per_segment (n, c) in acc_type: fp32 for fp32,
-  // fp16 and bf16 gradients.
-  std::int64_t segment = 0;  // each of the four: n·8
-  std::int64_t scalar = 0;   // each of the two: 8
-  std::int64_t partial_sums = 0;
+  // embedding_backward_cuda_kernel: segment_offsets (n), num_of_segments, partials_per_segment and
+  // partials_per_segment_offset (s each), num_of_partial_segments, partial_segment_offset (p),
+  // all int64, and grad_weight_per_segment (p, c) in acc_type: fp32 for fp32, fp16 and bf16.
+  std::int64_t segment_offsets = 0;  // n·8
+  std::int64_t scalar = 0;           // each of the two: 8
+  std::int64_t partials = 0;         // each of the two: s·8
+  std::int64_t partial_offsets = 0;  // p·8
+  std::int64_t partial_sums = 0;     // p·c·4
+  // How far cub's storage left out here (radix-sort bins 8·256·8 B, look-back tiles at most 4 B
+  // a key, counters, 256 B alignment; unique_by_key's and exclusive_sum's tile state, live at
+  // lower points of the op) can lift the op's peak above the modelled one: 0 unless the sort's
+  // 40n B come near the buffers of the op's end.
+  std::int64_t cub_tiles_bound = 0;
 };
-EmbeddingSortBuffers embedding_sort_buffers(std::int64_t n, std::int64_t c);
+EmbeddingSortBuffers embedding_sort_buffers(std::int64_t n, std::int64_t v, std::int64_t c);
 
 // The memory model's ops (kernels/cpu/cpu_ops.h) for a CUDA target of generation `cc`.
 class Ops;
@@ -83,11 +91,13 @@ std::unique_ptr<Ops> make_dry_run_ops(Backend target, StepClock* clock, bool hos
 // What the dry-run ops `ops` (make_dry_run_ops) took of PyTorch's CUDA workspaces: the named
 // blocks live at their allocator's peak (rounded bytes, allocation order; together the
 // peak's Category::workspace), and what they could not size: how many convolutions ran (cuDNN
-// workspace) and embedding sorts (cub's bins and look-back tiles). Empty for a CPU target.
+// workspace) and embedding sorts, with the largest cub_tiles_bound among them. Empty for a CPU
+// target.
 struct DryRunWorkspace {
   std::vector<std::pair<std::string, std::int64_t>> at_peak;
   std::int64_t convolutions = 0;
   std::int64_t embedding_sorts = 0;
+  std::int64_t embedding_cub_bound = 0;
 };
 DryRunWorkspace dry_run_workspace(Ops& ops);
 

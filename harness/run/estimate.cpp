@@ -144,11 +144,13 @@ nlohmann::json workspace_json(const DryRunWorkspace& w, ComputeCapability cc) {
   if (w.embedding_sorts > 0)
     unmodeled.push_back(
         {{"name", "embedding_sort_cub_tiles"},
-         {"bound_bytes", 0},
+         {"bound_bytes", w.embedding_cub_bound},
          {"why",
           "cub's radix-sort bins and look-back tiles and unique_by_key's and exclusive_sum's "
-          "tile state: live only while fewer of the op's buffers are (40n B during the sort "
-          "against 48n + 4nc B at its end), so 0 B at the peak"}});
+          "tile state (EmbeddingBackwardKernel.cu, Embedding.cu): live while fewer of the op's "
+          "buffers are (40n B during the sort against the segment buffers and the (n/10 + "
+          "min(n, v)) x c fp32 partial sums of its end); the bound is how far they can lift "
+          "the op's peak above the modelled one"}});
   return {{"target", fmt::format("sm{}{}", cc.major, cc.minor)},
           {"cublas_bytes", cublas_workspace_bytes(cc)},
           {"cublaslt_bytes", cublaslt_workspace_bytes(cc)},

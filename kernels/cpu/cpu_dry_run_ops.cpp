@@ -44,6 +44,7 @@ class DryRunOps final : public Ops {
     }
     w.convolutions = convolutions_;
     w.embedding_sorts = embedding_sorts_;
+    w.embedding_cub_bound = embedding_cub_bound_;
     return w;
   }
   const CachingAllocator* allocator() const {
@@ -213,9 +214,9 @@ class DryRunOps final : public Ops {
            (accumulate ? 0 : opt_nb(dwte) + opt_nb(dwpe)));
     if (dwte) {
       Tensor order(*dwte->allocator(), {tokens.numel()}, DType::I32, Category::temporaries);
-      embedding_sort(*dwte->allocator(), tokens.numel(), dwte->dim(1));
+      embedding_sort(*dwte->allocator(), tokens.numel(), dwte->dim(0), dwte->dim(1));
     }
-    if (dwpe) embedding_sort(*dwpe->allocator(), tokens.dim(1), dwpe->dim(1));
+    if (dwpe) embedding_sort(*dwpe->allocator(), tokens.dim(1), dwpe->dim(0), dwpe->dim(1));
   }
   void vocab_local_tokens(Tensor& local, const Tensor& targets, std::int64_t,
                           std::int64_t) override {
@@ -410,25 +411,26 @@ class DryRunOps final : public Ops {
     named(alloc, static_cast<std::int64_t>(cublaslt_workspace_bytes(cc_)),
           t ? "cublaslt_autograd_thread" : "cublaslt_main_thread", true);
   }
-  // embedding_dense_backward_cuda's sort path for n indices (kernels/torch_workspace.h), in its
-  // allocation order; everything is freed when it returns.
-  void embedding_sort(CachingAllocator& alloc, std::int64_t n, std::int64_t c) {
+  // embedding_dense_backward_cuda's sort path for n indices into v rows of c
+  // (kernels/torch_workspace.h), in its allocation order; everything is freed when it returns.
+  void embedding_sort(CachingAllocator& alloc, std::int64_t n, std::int64_t v, std::int64_t c) {
     if (!cuda_) return;
-    const EmbeddingSortBuffers b = embedding_sort_buffers(n, c);
+    const EmbeddingSortBuffers b = embedding_sort_buffers(n, v, c);
     if (b.index == 0) return;
     ++embedding_sorts_;
+    embedding_cub_bound_ = std::max(embedding_cub_bound_, b.cub_tiles_bound);
     const char* seg = "embedding_sort_segments";
     named(alloc, b.index, "embedding_sort_indices", false);  // sorted_indices
     named(alloc, b.index, "embedding_sort_indices", false);  // orig_indices
     named(alloc, b.range, "embedding_sort_range", false);
     named(alloc, b.sort_alt, "embedding_sort_cub", false);
-    pop_transient(2);                     // the sort's temporary storage, then `range`
-    named(alloc, b.segment, seg, false);  // segment_offsets
-    named(alloc, b.scalar, seg, false);   // num_of_segments
-    named(alloc, b.segment, seg, false);  // partials_per_segment
-    named(alloc, b.segment, seg, false);  // partials_per_segment_offset
-    named(alloc, b.scalar, seg, false);   // num_of_partial_segments
-    named(alloc, b.segment, seg, false);  // partial_segment_offset
+    pop_transient(2);                             // the sort's temporary storage, then `range`
+    named(alloc, b.segment_offsets, seg, false);  // segment_offsets
+    named(alloc, b.scalar, seg, false);           // num_of_segments
+    named(alloc, b.partials, seg, false);         // partials_per_segment
+    named(alloc, b.partials, seg, false);         // partials_per_segment_offset
+    named(alloc, b.scalar, seg, false);           // num_of_partial_segments
+    named(alloc, b.partial_offsets, seg, false);  // partial_segment_offset
     named(alloc, b.partial_sums, "embedding_sort_partial_sums", false);
     pop_transient(9);
   }
@@ -495,7 +497,7 @@ class DryRunOps final : public Ops {
   bool cublas_[2] = {false, false}, cublaslt_[2] = {false, false};  // by thread_of()
   std::int64_t seen_peak_ = -1;
   std::vector<std::pair<std::string, std::int64_t>> at_peak_;
-  std::int64_t convolutions_ = 0, embedding_sorts_ = 0;
+  std::int64_t convolutions_ = 0, embedding_sorts_ = 0, embedding_cub_bound_ = 0;
 
   struct Conv {
     std::int64_t co, k, p;

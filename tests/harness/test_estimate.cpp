@@ -102,7 +102,7 @@ TEST(EstimateCuda, Llama3_8bAt4096TokensHoldsTwoCublasWorkspacesAtItsPeak) {
   // The atlas point (bf16 autocast, AdamW foreach, batch 1, flash): the peak is the optimizer
   // step, where both threads' cuBLAS workspaces are kept and no cuBLASLt one exists (Llama's
   // linears have no bias). Its 4096 tokens take the embedding's sort path in backward, whose
-  // cub tiles are named, with 0 B at the peak.
+  // cub tiles are named, bounded by 0 B: the sort holds far less than the op's end.
   TrainConfig cfg = config("llama3-8b", Precision::bf16);
   cfg.batch_size = 1;
   cfg.seq_len = 4096;

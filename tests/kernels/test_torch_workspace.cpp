@@ -48,17 +48,32 @@ TEST(TorchWorkspace, TheTablesGenerations) {
 
 TEST(TorchWorkspace, EmbeddingSortBuffers) {
   // Embedding.cu embedding_dense_backward_cuda: `num_indices <= 3072` takes no sort.
-  const EmbeddingSortBuffers none = embedding_sort_buffers(3072, 4096);
-  EXPECT_EQ(none.index + none.range + none.sort_alt + none.segment + none.partial_sums, 0);
-  // Llama-3-8B at batch 1, 4096 tokens: int64 index buffers of 32 KiB, cub's alternate keys and
-  // values 64 KiB, grad_weight_per_segment (4096, 4096) fp32 = 64 MiB.
-  const EmbeddingSortBuffers b = embedding_sort_buffers(4096, 4096);
+  const EmbeddingSortBuffers none = embedding_sort_buffers(3072, 128'256, 4096);
+  EXPECT_EQ(none.index + none.range + none.sort_alt + none.segment_offsets + none.partials +
+                none.partial_offsets + none.partial_sums,
+            0);
+  // Llama-3-8B at batch 1, 4096 tokens: int64 id buffers of 32 KiB, cub's alternate keys and
+  // values 64 KiB; s = min(4096, 128256) = 4096 segments, p = 4096/10 + 4096 = 4505 partial
+  // segments, grad_weight_per_segment (4505, 4096) fp32 = 73,809,920 B. The sort's 160 KiB are far
+  // below the op's end: cub's storage left out cannot move its peak.
+  const EmbeddingSortBuffers b = embedding_sort_buffers(4096, 128'256, 4096);
   EXPECT_EQ(b.index, 32'768);
   EXPECT_EQ(b.range, 32'768);
   EXPECT_EQ(b.sort_alt, 65'536);
-  EXPECT_EQ(b.segment, 32'768);
+  EXPECT_EQ(b.segment_offsets, 32'768);
   EXPECT_EQ(b.scalar, 8);
-  EXPECT_EQ(b.partial_sums, 67'108'864);
+  EXPECT_EQ(b.partials, 32'768);
+  EXPECT_EQ(b.partial_offsets, 4505 * 8);
+  EXPECT_EQ(b.partial_sums, 73'809'920);
+  EXPECT_EQ(b.cub_tiles_bound, 0);
+  // A 50-row table with 16-wide rows: s = 50, p = 459; the sort (160 KiB + 2 KiB of rounding)
+  // outweighs the op's end (132,168 B), and cub's bins (16 KiB), look-back (4 B a key) and
+  // counters (2 KiB) may add 68,536 B to the op's peak.
+  const EmbeddingSortBuffers small = embedding_sort_buffers(4096, 50, 16);
+  EXPECT_EQ(small.partials, 400);
+  EXPECT_EQ(small.partial_offsets, 459 * 8);
+  EXPECT_EQ(small.partial_sums, 459 * 16 * 4);
+  EXPECT_EQ(small.cub_tiles_bound, 68'536);
 }
 
 // (requested bytes, alloc or free) of the workspace events of fn().
@@ -125,35 +140,28 @@ TEST_F(DryRunCudaWorkspace, TheEmbeddingSortsOnlyAbove3072IndicesAndFreesEveryth
       continue;
     }
     const auto i = static_cast<std::size_t>(n) * 8;  // one int64 index buffer
-    // sorted and original indices, arange and cub's alternates (freed after the sort), the
-    // segment buffers with their two scalars, grad_weight_per_segment; then every one freed.
-    // Position embeddings sort T = 2048 <= 3072 positions: nothing.
+    // sorted and original indices, arange and cub's alternates (freed after the sort), then
+    // segment_offsets (n), a scalar, the two per-segment buffers (min(n, 50) = 50), a scalar,
+    // partial_segment_offset (n/10 + 50 = 459) and grad_weight_per_segment (459, 16) fp32; then
+    // every one freed. Position embeddings sort T = 2048 <= 3072 positions: nothing.
     using Events = std::vector<std::pair<std::size_t, bool>>;
-    const Events want = {{i, true},
-                         {i, true},
-                         {i, true},
-                         {2 * i, true},
-                         {2 * i, false},
-                         {i, false},
-                         {i, true},
-                         {8, true},
-                         {i, true},
-                         {i, true},
-                         {8, true},
-                         {i, true},
-                         {static_cast<std::size_t>(n * c * 4), true}};
+    const Events want = {{i, true},           {i, true},   {i, true}, {2 * i, true},
+                         {2 * i, false},      {i, false},  {i, true}, {8, true},
+                         {400, true},         {400, true}, {8, true}, {459 * 8, true},
+                         {459 * 16 * 4, true}};
     ASSERT_GE(events.size(), want.size());
     EXPECT_EQ(Events(events.begin(), events.begin() + static_cast<std::ptrdiff_t>(want.size())),
               want);
     std::size_t allocs = 0, frees = 0;
     for (const auto& [bytes, alloc] : events) (alloc ? allocs : frees)++;
     EXPECT_EQ(allocs, frees);
-    // The peak was at grad_weight_per_segment: every buffer of the op's end, named.
+    // With 50 rows the sort holds more than the op's end: the peak is there, named.
     using Named = std::vector<std::pair<std::string, std::int64_t>>;
-    EXPECT_EQ(dry_run_workspace(*h100).at_peak,
-              (Named{{"embedding_sort_indices", 2 * static_cast<std::int64_t>(i)},
-                     {"embedding_sort_segments", 4 * static_cast<std::int64_t>(i) + 2 * 512},
-                     {"embedding_sort_partial_sums", n * c * 4}}));
+    const DryRunWorkspace ws = dry_run_workspace(*h100);
+    EXPECT_EQ(ws.at_peak, (Named{{"embedding_sort_indices", 2 * static_cast<std::int64_t>(i)},
+                                 {"embedding_sort_range", static_cast<std::int64_t>(i)},
+                                 {"embedding_sort_cub", 2 * static_cast<std::int64_t>(i)}}));
+    EXPECT_EQ(ws.embedding_cub_bound, 68'536);
     EXPECT_EQ(dry_run_workspace(*h100).embedding_sorts, 1);
   }
 }
