@@ -11,8 +11,8 @@
 // For a CUDA target the CPU's workspace (fp32 copies, im2col) is left out and PyTorch's CUDA
 // workspaces are taken where PyTorch's CUDA path takes them (kernels/torch_workspace.h): the
 // cuBLAS and cuBLASLt workspaces of the main and the autograd thread on their first GEMM, and
-// the embedding backward's sort buffers in the op. Each is named; the names live at the
-// allocator's peak are workspace_at_peak().
+// the embedding backward's sort buffers in the op. Each is named; those live at the
+// allocator's peak are dry_run_workspace()'s (kernels/torch_workspace.h).
 #include <algorithm>
 #include <optional>
 
@@ -248,7 +248,7 @@ class DryRunOps final : public Ops {
 
   // Convolution as cuDNN's implicit GEMM: (Co) x (N·OH·OW) x (Ci·KH·KW).
   // For CUDA, cuDNN's workspace is the chosen plan's (algorithm-dependent): not modelled, only
-  // counted (convolutions()), so that the estimate names it.
+  // counted (DryRunWorkspace::convolutions), so that the estimate names it.
   void conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor*,
                       int stride, int pad) override {
     ++convolutions_;
