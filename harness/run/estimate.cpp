@@ -136,7 +136,9 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   // One GPU per rank of tp × dp; each group's collectives are timed over its own ranks.
   if (gpu) clock.emplace(*gpu, fabric, static_cast<int>(cfg.tensor_parallel * cfg.data_parallel));
   MetaDevice dev(backend, capacity, rank, clock ? &*clock : nullptr);
-  auto model = make_model(cfg, tp_rank_of(rank, static_cast<int>(cfg.tensor_parallel)));
+  auto model = make_model(cfg, tp_rank_of(rank, static_cast<int>(cfg.tensor_parallel)),
+                          ep_rank_of(rank, static_cast<int>(cfg.tensor_parallel),
+                                     static_cast<int>(cfg.expert_parallel)));
   auto* moe = dynamic_cast<MoeRouted*>(model.get());
   if (moe && !moe->moe().enabled()) moe = nullptr;
   if (moe) moe->moe().routing = routing;

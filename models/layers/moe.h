@@ -43,9 +43,18 @@
 
 namespace memtrade {
 
+// Expert parallelism: the model of ep rank `rank` of `size` holds experts
+// [rank·E/size, (rank+1)·E/size) of each MoE layer.
+struct EpSplit {
+  int size = 1;
+  int rank = 0;
+};
+
 struct Moe {
   Linear gate{};                    // router (E, C)
-  std::vector<LlamaMlp> experts{};  // E; empty: this layer is dense
+  std::vector<LlamaMlp> experts{};  // this rank's E / ep; empty: this layer is dense
+  int num_experts = 0;              // E, every rank's
+  int first_expert = 0;             // experts[i] is expert first_expert + i
   LlamaMlp shared{};                // Qwen2-MoE's shared_expert; down_proj.weight -1: none
   Linear shared_gate{};             // (1, C)
   int top_k = 2;
@@ -60,13 +69,18 @@ struct Moe {
 // N·k/E tokens, the remainder one more to the first ones), worst (dropless worst case: every
 // token on experts 0..k-1) or the measured tokens_per_expert [micro-batch][layer][expert] of a
 // results file (micro-batch i of a step takes entry i mod its count).
+// Under expert parallelism every rank of the ep group routes its own tokens: balanced and worst
+// plan the same histogram for each, measured may hold one per ep rank (by_rank[ep rank], each
+// as tokens_per_expert; empty: tokens_per_expert for every rank).
 struct MoeRouting {
   enum class Kind { balanced, worst, measured } kind = Kind::balanced;
   std::vector<std::vector<std::vector<std::int64_t>>> tokens_per_expert{};
+  std::vector<std::vector<std::vector<std::vector<std::int64_t>>>> by_rank{};
   std::string source{};  // "balanced", "worst" or the file
 
+  // The histogram of ep rank `rank`'s tokens.
   std::vector<std::int64_t> plan(std::int64_t micro_batch, int layer, std::int64_t tokens,
-                                 int experts, int top_k) const;
+                                 int experts, int top_k, int rank = 0) const;
 };
 
 // The routing of the micro-batch in flight, per MoE layer, and the measured histograms. One per
