@@ -27,6 +27,13 @@
 // Qwen2-MoE: the shared expert's (prefix "moe.shared.", its input "moe.inp" itself),
 // "moe.shared.y" (N, C) and "moe.shared.sig" (N, 1).
 //
+// Expert parallelism (LayerCtx::ep, kernels/parallel_state.h): the model holds its ep rank's
+// E / ep experts; the router and routing stay local, the (token, slot) rows go to their experts'
+// ranks by all_to_all(v) and the outputs come back the same way (moe.cpp's experts_forward_ep has
+// the layout). Saved then: "moe.ep.idx" (1, N·k) I32 (the rows sent, expert-major) and "moe.ep.y"
+// (N·k, C) (their returned outputs), and per local expert with rows received "moe.e{e}.idx"
+// (1, n_e) I32 (its rows of the receive buffer) and its SwiGLU's own.
+//
 // The load-balancing loss (load_balancing_loss_func, Switch Transformer eq. 4-6) over the MoE
 // layers' N·L rows: aux = E · Σ_e f_e · P_e, f_e the fraction of routed (token, slot) pairs that
 // chose e, P_e the mean of p[:, e]. HF adds router_aux_loss_coef · aux to the loss only when

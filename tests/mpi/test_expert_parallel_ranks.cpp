@@ -208,14 +208,12 @@ TEST_P(EpEquivalence, PerRankPeakEqualsTheEstimate) {
                 static_cast<long long>(got.peak));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, EpEquivalence,
-                         ::testing::Values(EpCase{"mixtral", Sharding::none},
-                                           EpCase{"qwen2moe", Sharding::none},
-                                           EpCase{"mixtral", Sharding::zero1},
-                                           EpCase{"qwen2moe", Sharding::zero2},
-                                           EpCase{"mixtral", Sharding::zero3},
-                                           EpCase{"qwen2moe", Sharding::zero3, "1"}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Ranks, EpEquivalence,
+    ::testing::Values(EpCase{"mixtral", Sharding::none}, EpCase{"qwen2moe", Sharding::none},
+                      EpCase{"mixtral", Sharding::zero1}, EpCase{"qwen2moe", Sharding::zero2},
+                      EpCase{"mixtral", Sharding::zero3}, EpCase{"qwen2moe", Sharding::zero3, "1"}),
+    case_name);
 
 }  // namespace
 }  // namespace memtrade
