@@ -18,6 +18,10 @@
 // tensor's largest value). Gradients that reach the rest of the model through the dispatched
 // rows carry the same reordering once more, within the same bound. SGD's update is linear in the
 // gradient: the weights after the step carry lr times it plus one rounding, eps32·|w|.
+// Under bf16 autocast the expert GEMMs read 16-bit rows and write 16-bit outputs: a row that
+// rounds differently in another blocking is one bf16 rounding (eps16 = 2^-7) that flows through
+// backward, bounded per tensor by 1e-5 + 4·eps16·max|ref| (the tensor-parallel test's bound for
+// the same one-extra-rounding case, tests/mpi/test_tensor_parallel_ranks.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -57,11 +61,13 @@ struct EpCase {
   std::string model;  // "mixtral" or "qwen2moe"
   Sharding sharding;
   std::string checkpoint = "0";
+  Precision precision = Precision::fp32;
 };
 
 std::string case_name(const ::testing::TestParamInfo<EpCase>& info) {
   std::string n = info.param.model + "_" + std::string(sharding_name(info.param.sharding)) +
-                  "_ck_" + info.param.checkpoint;
+                  "_ck_" + info.param.checkpoint + "_" +
+                  std::string(precision_name(info.param.precision));
   for (char& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;
@@ -83,7 +89,7 @@ TrainConfig config_of(const EpCase& k, int dp, int ep, std::int64_t batch) {
   c.model_config = config_file(k.model);
   c.batch_size = batch;
   c.seq_len = 16;
-  c.precision = Precision::fp32;
+  c.precision = k.precision;
   c.checkpoint = *Checkpoint::parse(k.checkpoint);
   c.optimizer = OptimizerKind::sgd;
   c.lr = 0.1f;
@@ -128,7 +134,7 @@ Comm& world() {
 }
 
 // got's every tensor against ref's of the same name (ref holds every expert; got its rank's).
-void expect_close(const Step& got, const Step& ref, const std::string& what, int rank) {
+void expect_close(const Step& got, const Step& ref, const std::string& what, int rank, bool bf16) {
   double worst_ratio = 0;
   for (int kind = 0; kind < 2; ++kind) {
     const auto& mine = kind == 0 ? got.grads : got.after;
@@ -142,15 +148,16 @@ void expect_close(const Step& got, const Step& ref, const std::string& what, int
       for (std::size_t j = 0; j < v.size(); ++j) {
         const double d = std::abs(static_cast<double>(v[j]) - expect[j]);
         if (max_ref > 0) worst_ratio = std::max(worst_ratio, d / max_ref);
-        const double bound = kind == 0 ? 1e-7 + 64.0 * 0x1p-23 * max_ref
-                                       : 0.1 * (1e-7 + 64.0 * 0x1p-23 * max_ref) +
-                                             0x1p-23 * std::abs(expect[j]) + 1e-9;
+        const double grad = bf16 ? 1e-5 + 4.0 * 0x1p-7 * max_ref : 1e-7 + 64.0 * 0x1p-23 * max_ref;
+        const double bound = kind == 0 ? grad : 0.1 * grad + 0x1p-23 * std::abs(expect[j]) + 1e-9;
         ASSERT_LE(d, bound) << (kind == 0 ? "grad " : "weight after ") << name << "[" << j
                             << "] rank " << rank << ": " << v[j] << " vs " << expect[j];
       }
     }
   }
-  EXPECT_NEAR(got.loss, ref.loss, 1e-6 * std::max(1.0, std::abs(ref.loss))) << what;
+  EXPECT_NEAR(got.loss, ref.loss,
+              bf16 ? 1e-5 + 0x1p-7 * std::abs(ref.loss) : 1e-6 * std::max(1.0, std::abs(ref.loss)))
+      << what;
   if (rank == 0)
     std::printf("[ ep ] %s: max |Δ|/max|ref| %.3g, loss %.9f vs %.9f\n", what.c_str(), worst_ratio,
                 got.loss, ref.loss);
@@ -165,11 +172,18 @@ TEST_P(EpEquivalence, StepEqualsEp1AndOneRank) {
   const int rank = world().rank();
   const Step got = run_step(config_of(k, W, 2, 2), rank);
   const Step ep1 = run_step(config_of(k, W, 1, 2), rank);
-  expect_close(got, ep1, fmt::format("{} dp{} ep2 vs dp{} ep1", case_name({k, 0}), W, W), rank);
-  if (k.model == "qwen2moe") {  // no aux loss: the global batch's mean is one rank's at b 2·W
+  const bool bf16 = k.precision != Precision::fp32;
+  expect_close(got, ep1, fmt::format("{} dp{} ep2 vs dp{} ep1", case_name({k, 0}), W, W), rank,
+               bf16);
+  // One rank at W times the batch: without the aux loss (per micro-batch, not linear in the
+  // batch) and in fp32 only: in bf16 the router's logits of a b 2·W GEMM may round otherwise
+  // than those of b 2 and send a near-tied token to another expert (measured at dp 4: an expert
+  // grad element 30% off), a different computation rather than a rounding. At ep 2 against ep 1
+  // the router runs on the same rows either way, so the routing is the same bit for bit.
+  if (k.model == "qwen2moe" && !bf16) {
     const Step one = run_step(config_of(k, 1, 1, 2 * W), 0);
     expect_close(got, one, fmt::format("{} dp{} ep2 vs 1 rank b{}", case_name({k, 0}), W, 2 * W),
-                 rank);
+                 rank, bf16);
   }
 }
 
@@ -212,7 +226,10 @@ INSTANTIATE_TEST_SUITE_P(
     Ranks, EpEquivalence,
     ::testing::Values(EpCase{"mixtral", Sharding::none}, EpCase{"qwen2moe", Sharding::none},
                       EpCase{"mixtral", Sharding::zero1}, EpCase{"qwen2moe", Sharding::zero2},
-                      EpCase{"mixtral", Sharding::zero3}, EpCase{"qwen2moe", Sharding::zero3, "1"}),
+                      EpCase{"mixtral", Sharding::zero3}, EpCase{"qwen2moe", Sharding::zero3, "1"},
+                      // bf16 autocast (16-bit rows through the all-to-alls)
+                      EpCase{"mixtral", Sharding::zero2, "0", Precision::bf16},
+                      EpCase{"qwen2moe", Sharding::none, "selective", Precision::bf16}),
     case_name);
 
 }  // namespace
