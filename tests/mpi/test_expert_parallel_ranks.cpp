@@ -62,12 +62,14 @@ struct EpCase {
   Sharding sharding;
   std::string checkpoint = "0";
   Precision precision = Precision::fp32;
+  Offload offload = Offload::none;
 };
 
 std::string case_name(const ::testing::TestParamInfo<EpCase>& info) {
   std::string n = info.param.model + "_" + std::string(sharding_name(info.param.sharding)) +
                   "_ck_" + info.param.checkpoint + "_" +
-                  std::string(precision_name(info.param.precision));
+                  std::string(precision_name(info.param.precision)) + "_off_" +
+                  std::string(offload_name(info.param.offload));
   for (char& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;
@@ -90,6 +92,7 @@ TrainConfig config_of(const EpCase& k, int dp, int ep, std::int64_t batch) {
   c.batch_size = batch;
   c.seq_len = 16;
   c.precision = k.precision;
+  c.offload = k.offload;
   c.checkpoint = *Checkpoint::parse(k.checkpoint);
   c.optimizer = OptimizerKind::sgd;
   c.lr = 0.1f;
@@ -227,6 +230,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(EpCase{"mixtral", Sharding::none}, EpCase{"qwen2moe", Sharding::none},
                       EpCase{"mixtral", Sharding::zero1}, EpCase{"qwen2moe", Sharding::zero2},
                       EpCase{"mixtral", Sharding::zero3}, EpCase{"qwen2moe", Sharding::zero3, "1"},
+                      // the saved rows offloaded to the host and back (SavedTensors)
+                      EpCase{"mixtral", Sharding::zero1, "0", Precision::fp32,
+                             Offload::activations},
                       // bf16 autocast (16-bit rows through the all-to-alls)
                       EpCase{"mixtral", Sharding::zero2, "0", Precision::bf16},
                       EpCase{"qwen2moe", Sharding::none, "selective", Precision::bf16}),
