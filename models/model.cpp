@@ -68,7 +68,8 @@ std::string name_of(const FamilyConfig& f) {
 }
 
 // The model of a family config, trained on sequences of seq_len (0: its own).
-std::unique_ptr<Model> build(FamilyConfig f, std::int64_t seq_len, TpSplit tp = {}) {
+std::unique_ptr<Model> build(FamilyConfig f, std::int64_t seq_len, TpSplit tp = {},
+                             EpSplit ep = {}) {
   return std::visit(
       [&](auto& c) -> std::unique_ptr<Model> {
         using C = std::decay_t<decltype(c)>;
@@ -77,11 +78,18 @@ std::unique_ptr<Model> build(FamilyConfig f, std::int64_t seq_len, TpSplit tp = 
             throw std::invalid_argument(
                 above_bound("seq_len", seq_len, kMaxPositions).value_or("seq_len is negative"));
           c.seq_len = static_cast<int>(seq_len);
-          if constexpr (std::is_same_v<C, GptConfig>)
+          if constexpr (std::is_same_v<C, GptConfig>) {
+            if (ep.size != 1)
+              throw std::invalid_argument(
+                  fmt::format("{} has no experts (a mixture-of-experts model has)", c.name));
             return std::make_unique<GptModel>(c, tp);
-          else
-            return std::make_unique<LlamaModel>(c, tp);
+          } else {
+            return std::make_unique<LlamaModel>(c, tp, ep);
+          }
         } else {
+          if (ep.size != 1)
+            throw std::invalid_argument(
+                fmt::format("{} has no experts (a mixture-of-experts model has)", c.name));
           if (tp.size != 1)
             throw std::invalid_argument(fmt::format(
                 "tensor_parallel: {} is not a decoder (GPT and Llama models split)", c.name));
@@ -192,18 +200,23 @@ std::string canonical_model_name(std::string_view text) {
   return name;
 }
 
-std::unique_ptr<Model> make_model(const TrainConfig& cfg, int tp_rank) {
+std::unique_ptr<Model> make_model(const TrainConfig& cfg, int tp_rank, int ep_rank) {
   if (cfg.tensor_parallel < 1 || cfg.tensor_parallel > 4096)
     throw std::invalid_argument(
         fmt::format("tensor_parallel {} must be in [1, 4096]", cfg.tensor_parallel));
+  if (cfg.expert_parallel < 1 || cfg.expert_parallel > 65536)
+    throw std::invalid_argument(
+        fmt::format("expert_parallel {} must be in [1, 65536]", cfg.expert_parallel));
   const TpSplit tp{static_cast<int>(cfg.tensor_parallel), tp_rank};
-  if (cfg.model_config.empty()) return build(spec_config(cfg.model), cfg.seq_len, tp);
+  const EpSplit ep{static_cast<int>(cfg.expert_parallel), ep_rank};
+  if (cfg.model_config.empty()) return build(spec_config(cfg.model), cfg.seq_len, tp, ep);
   HfModelConfig hf = read_hf_config(cfg.model_config);
   const std::string sha = std::visit([](const auto& c) { return c.file.sha256; }, hf);
   if (!cfg.model_config_sha256.empty() && sha != cfg.model_config_sha256)
     throw std::invalid_argument(fmt::format("model_config: {} changed since it was read",
                                             echo(cfg.model_config, kEchoPathMax)));
-  return build(std::visit([](auto& c) { return FamilyConfig(std::move(c)); }, hf), cfg.seq_len, tp);
+  return build(std::visit([](auto& c) { return FamilyConfig(std::move(c)); }, hf), cfg.seq_len, tp,
+               ep);
 }
 
 std::vector<std::string> model_names() {

@@ -47,6 +47,13 @@ struct ParamSpec {
   // (the norms, the row-parallel biases): its gradient is all-reduced over the tp group after
   // backward (Megatron's `sequence_parallel` parameter attribute).
   bool sequence_parallel_grad = false;
+  // An expert's (expert parallelism, models/layers/moe.h): held by the ranks of one ep rank only,
+  // so its gradient is reduced, and its copies sharded, over the expert-data-parallel group
+  // (kernels/parallel_state.h) instead of the data-parallel one.
+  bool expert = false;
+  // Its index in the model that holds every expert (ep 1), which seeds its initial values: an ep
+  // rank starts from the values ep 1 starts from. -1: its own index.
+  int init_index = -1;
 
   // The whole parameter's shape (shape itself where it is not split).
   Shape full_shape() const;
@@ -182,7 +189,9 @@ std::string canonical_model_name(std::string_view text);
 // from the one the config was made with (cfg.model_config_sha256).
 // Under tensor parallelism (cfg.tensor_parallel > 1) the model is tp rank `tp_rank`'s slice
 // (its parameters' shapes); rank 0 holds the largest part of an uneven vocabulary split.
-std::unique_ptr<Model> make_model(const TrainConfig& cfg, int tp_rank = 0);
+// Under expert parallelism (cfg.expert_parallel > 1) it holds ep rank `ep_rank`'s experts only
+// (kernels/parallel_state.h's ep_rank_of).
+std::unique_ptr<Model> make_model(const TrainConfig& cfg, int tp_rank = 0, int ep_rank = 0);
 std::vector<std::string> model_names();
 
 }  // namespace memtrade

@@ -174,11 +174,14 @@ void register_point_commands(CLI::App& app, Commands& cmds) {
     if (!init_dir.empty() && dump_dir.empty()) throw BadInput("--init goes with --dump");
     if (!dump_dir.empty() && cfg.tensor_parallel > 1)  // a dump is the whole model's
       throw BadInput("step --dump with --tp > 1 is not written yet (each rank holds a slice)");
+    if (!dump_dir.empty() && cfg.expert_parallel > 1)
+      throw BadInput("step --dump with --ep > 1 is not written yet (each rank holds its experts)");
     if (world_size(cfg) > 1 && !launched_by_mpi())
       return run_as_ranks(static_cast<int>(world_size(cfg)), step_flags.threads);
     auto dev = device_for(step_flags, cfg);
-    auto model =
-        make_model(cfg, tp_rank_of(launched_rank(), static_cast<int>(cfg.tensor_parallel)));
+    auto model = make_model(cfg, tp_rank_of(launched_rank(), static_cast<int>(cfg.tensor_parallel)),
+                            ep_rank_of(launched_rank(), static_cast<int>(cfg.tensor_parallel),
+                                       static_cast<int>(cfg.expert_parallel)));
     if (!dump_dir.empty()) {
       if (write_step_dump(*dev, *model, cfg, dump_dir, init_dir))
         fmt::print("wrote step dump of {} to {}\n", cfg.model, dump_dir);

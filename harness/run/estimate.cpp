@@ -171,7 +171,9 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   // PyTorch's CUDA workspaces are sized for the GPU's generation (kernels/torch_workspace.h).
   const ComputeCapability cc = gpu ? compute_capability(gpu->arch) : kDefaultCudaTarget;
   MetaDevice dev(backend, capacity, rank, clock ? &*clock : nullptr, cc);
-  auto model = make_model(cfg, tp_rank_of(rank, static_cast<int>(cfg.tensor_parallel)));
+  auto model = make_model(cfg, tp_rank_of(rank, static_cast<int>(cfg.tensor_parallel)),
+                          ep_rank_of(rank, static_cast<int>(cfg.tensor_parallel),
+                                     static_cast<int>(cfg.expert_parallel)));
   auto* moe = dynamic_cast<MoeRouted*>(model.get());
   if (moe && !moe->moe().enabled()) moe = nullptr;
   if (moe) moe->moe().routing = routing;

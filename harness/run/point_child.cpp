@@ -166,8 +166,10 @@ PointRow run_point_row(const PointJob& job) {
     options.capacity = job.capacity;
     options.threads = job.threads;
     dev = make_device(job.backend, options);
-    model = make_model(cfg, tp_rank_of(world_size(cfg) > 1 ? launched_rank() : 0,
-                                       static_cast<int>(cfg.tensor_parallel)));
+    const int rank = world_size(cfg) > 1 ? launched_rank() : 0;
+    model = make_model(cfg, tp_rank_of(rank, static_cast<int>(cfg.tensor_parallel)),
+                       ep_rank_of(rank, static_cast<int>(cfg.tensor_parallel),
+                                  static_cast<int>(cfg.expert_parallel)));
     row.config["hyper"] = model->hyper();
     if (needs_cuda(cfg) && dev->backend() != Backend::cuda) {
       row.status = "skipped";

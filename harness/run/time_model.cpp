@@ -33,9 +33,10 @@ TimeModel summarize_time(const StepClock& clock, const TrainConfig& cfg, const M
   // tp × dp ranks, which together compute the whole model's FLOPs).
   const RunOptions ro = RunOptions::from(cfg);
   std::unique_ptr<Model> whole;
-  if (cfg.tensor_parallel > 1) {
+  if (cfg.tensor_parallel > 1 || cfg.expert_parallel > 1) {  // (an ep rank: its experts only)
     TrainConfig one = cfg;
     one.tensor_parallel = 1;
+    one.expert_parallel = 1;
     one.sequence_parallel = SequenceParallel::off;
     whole = make_model(one);
   }

@@ -105,6 +105,10 @@ struct TrainConfig {
   // data-parallel rank: the tp ranks of one replica train on the same samples.
   std::int64_t tensor_parallel = 1;
   SequenceParallel sequence_parallel = SequenceParallel::off;
+  // Expert parallelism (models/layers/moe.h): the experts of each MoE layer split over groups of
+  // expert_parallel consecutive ranks of the data-parallel group (it divides data_parallel), the
+  // tokens exchanged by all-to-all. Not a world dimension: the ranks stay tp × dp.
+  std::int64_t expert_parallel = 1;
 };
 
 // The processes a point runs as: tensor_parallel × data_parallel.

@@ -71,6 +71,7 @@ Knob count_knob(std::string name, std::string flag, std::string prefix, std::str
 std::int64_t max_seq_len_of(TrainConfig c) {
   c.seq_len = 0;
   c.tensor_parallel = 1;  // the model's own, whatever split its tp row asks (checked there)
+  c.expert_parallel = 1;  // and its ep row
   try {
     return make_model(c)->max_seq_len();
   } catch (const std::invalid_argument&) {
@@ -358,6 +359,7 @@ std::vector<Knob> make_table() {
     TrainConfig whole = c;
     whole.seq_len = 0;
     whole.tensor_parallel = 1;
+    whole.expert_parallel = 1;
     nlohmann::json h;
     try {
       h = make_model(whole)->hyper();
@@ -486,6 +488,37 @@ std::vector<Knob> make_table() {
     return std::nullopt;
   };
   t.push_back(std::move(sp));
+  // Expert parallelism (models/layers/moe.h, kernels/parallel_state.h): the experts split over
+  // ep consecutive ranks of the data-parallel group. ep divides dp and the experts, and only a
+  // model with experts takes it (make_model refuses the rest, naming the key).
+  t.push_back(count_knob("expert_parallel", "--ep", "ep",
+                         "Expert-parallel ranks (Megatron-core, DeepSpeed-MoE; mixture-of-experts "
+                         "models): each MoE layer's experts split over ep consecutive ranks of "
+                         "the data-parallel group, tokens dispatched to their experts' ranks and "
+                         "back by all-to-all(v); expert grads reduced and sharded over the dp / ep "
+                         "ranks holding the same experts",
+                         // One example: ep 2 needs a model with experts and dp 2, which no
+                         // single other axis of the knob walk's base config makes.
+                         &TrainConfig::expert_parallel, {"1"}, 65536));
+  t.back().id_rule = IdRule::non_default;
+  t.back().applies = has_sequence;
+  t.back().resolve = [](TrainConfig& c) -> std::optional<std::string> {
+    if (c.expert_parallel == 1) return std::nullopt;
+    if (c.data_parallel % c.expert_parallel != 0)
+      return fmt::format(
+          "expert_parallel {} must divide data_parallel {} (the experts split over ranks of the "
+          "data-parallel group)",
+          c.expert_parallel, c.data_parallel);
+    if (c.sharding == Sharding::torch_zero1)
+      return std::string(
+          "expert parallelism with sharding torch-zero1 is not modelled: use none or zero1-3");
+    try {
+      (void)make_model(c);  // a model without experts, or experts that do not divide by ep
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::nullopt;
+  };
 
   for (Knob& k : t) {
     if (!k.id_text) k.id_text = k.get;

@@ -15,9 +15,11 @@ std::string block_label(int block) {
   return fmt::format("block {}", block);
 }
 
-// The tp group the layers run their collectives in: none for one rank.
+// The tp and ep groups the layers run their collectives in: none for one rank.
 void set_parallel(LayerCtx& c, const RunOptions& options) {
-  if (options.parallel == nullptr || options.parallel->tp == 1) return;
+  if (options.parallel == nullptr) return;
+  if (options.parallel->ep > 1) c.ep = &options.parallel->ep_comm();
+  if (options.parallel->tp == 1) return;
   c.tp = &options.parallel->tp_comm();
   c.sequence_parallel = options.parallel->sequence_parallel;
 }
@@ -30,6 +32,7 @@ int BlockModel::add_param(std::string name, Shape shape, float init_std, int blo
   if (!index_.emplace(name, index).second)
     throw std::logic_error("duplicate parameter name " + name);
   params_.push_back({std::move(name), std::move(shape), init_std, block, trainable});
+  params_.back().init_index = index + skipped_;
   return index;
 }
 

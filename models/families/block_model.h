@@ -51,6 +51,10 @@ class BlockModel : public Model {
   // replicated one whose gradient the tp group all-reduces under sequence parallelism.
   int add_param(std::string name, Shape shape, float init_std, int block, TpSlice tp,
                 bool sequence_parallel_grad = false);
+  // Expert parallelism: `n` parameters of the whole model that this rank does not hold (other
+  // ranks' experts); the later ones keep the whole model's index as ParamSpec::init_index.
+  void skip_params(int n) { skipped_ += n; }
+  ParamSpec& mutable_param(int index) { return params_.at(static_cast<std::size_t>(index)); }
 
   virtual Tensor stem_forward(LayerCtx& c, const Tensor& input) = 0;
   virtual Tensor block_forward(LayerCtx& c, int block, const Tensor& x) = 0;
@@ -79,6 +83,7 @@ class BlockModel : public Model {
  private:
   std::vector<ParamSpec> params_;
   std::unordered_map<std::string, int> index_;
+  int skipped_ = 0;  // skip_params so far
   std::unique_ptr<SavedTensors> saved_;
   std::optional<RunOptions> last_;  // options of the forward that saved_ belongs to
   CheckpointPlan plan_;

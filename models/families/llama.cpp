@@ -49,7 +49,7 @@ const std::vector<HyperField<LlamaConfig>>& llama_hyper_fields() {
   return fields;
 }
 
-LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
+LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp, EpSplit ep) : cfg_(std::move(cfg)), ep_(ep) {
   check_bounds(cfg_.name, {{"n_layer", cfg_.n_layer, kMaxLayers},
                            {"n_head", cfg_.n_head, kMaxHeads},
                            {"n_kv_head", cfg_.n_kv_head, kMaxHeads},
@@ -103,6 +103,16 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp) : cfg_(std::move(cfg)) {
   if (cfg_.num_experts > 0 && (cfg_.top_k < 1 || cfg_.top_k > cfg_.num_experts))
     throw bad(fmt::format("num_experts_per_tok {} must be in [1, num_experts {}]", cfg_.top_k,
                           cfg_.num_experts));
+  // Expert parallelism (layers/moe.h): each ep rank holds num_experts / ep whole experts.
+  if (ep.size < 1 || ep.rank < 0 || ep.rank >= ep.size)
+    throw bad(fmt::format("ep rank {} of {}", ep.rank, ep.size));
+  if (ep.size > 1 && cfg_.num_experts == 0)
+    throw bad(fmt::format("expert_parallel {}: the model has no experts", ep.size));
+  if (cfg_.num_experts % ep.size != 0)
+    throw bad(
+        fmt::format("num_experts {} does not split over expert_parallel {} (a multiple is "
+                    "required, as Megatron-core's num_moe_experts % ep)",
+                    cfg_.num_experts, ep.size));
   if (cfg_.decoder_sparse_step < 1)
     throw bad(fmt::format("decoder_sparse_step {} must be at least 1", cfg_.decoder_sparse_step));
   // Phi-3's fused qkv_proj and gate_up_proj interleave what tensor parallelism splits (q, k, v;
@@ -250,12 +260,25 @@ void LlamaModel::add_moe(Moe& m, const std::string& p, int block) {
       mlp.down_proj = {add_param(q + "down_proj.weight", {C, width}, kStd, block), -1};
     }
   };
-  m.experts.resize(static_cast<std::size_t>(E));
+  // Expert parallelism: this ep rank's experts [first, first + E / ep), their HF names and
+  // (ParamSpec::init_index) initial values those of ep 1; the others' three weights skipped.
+  const int local = static_cast<int>(E) / ep_.size;
+  m.num_experts = static_cast<int>(E);
+  m.first_expert = ep_.rank * local;
+  m.experts.resize(static_cast<std::size_t>(local));
   for (int e = 0; e < E; ++e) {
-    LlamaMlp& x = m.experts[static_cast<std::size_t>(e)];
+    if (e < m.first_expert || e >= m.first_expert + local) {
+      skip_params(3);
+      continue;
+    }
+    LlamaMlp& x = m.experts[static_cast<std::size_t>(e - m.first_expert)];
     x.key = fmt::format("moe.e{}.", e);
-    x.output_saved = true;  // times its routing weight: the product's backward reads it
+    // Times its routing weight: the product's backward reads it (under ep, the copy returned to
+    // the token's rank is what is kept).
+    x.output_saved = ep_.size == 1;
     swiglu(x, fmt::format("{}experts.{}.", p, e), I);
+    for (ParamIndex w : {x.gate_proj.weight, x.up_proj.weight, x.down_proj.weight})
+      mutable_param(w).expert = ep_.size > 1;
   }
   if (cfg_.shared_expert_intermediate_size > 0) {
     m.shared.key = "moe.shared.";

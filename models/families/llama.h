@@ -108,7 +108,7 @@ class LlamaModel final : public DecoderModel<RmsNorm, LlamaMlp> {
   // divide by 0 with, a sliding window shorter than seq_len; tensor parallelism of fused
   // projections or per-head q/k norms).
   // tp: the tensor-parallel slice this model is (decoder.h); the whole model by default.
-  explicit LlamaModel(LlamaConfig cfg, TpSplit tp = {});
+  explicit LlamaModel(LlamaConfig cfg, TpSplit tp = {}, EpSplit ep = {});
   std::string name() const override { return cfg_.name; }
   std::string family() const override { return "llama"; }
   nlohmann::json hyper() const override;
@@ -117,6 +117,7 @@ class LlamaModel final : public DecoderModel<RmsNorm, LlamaMlp> {
   void add_moe(Moe& m, const std::string& prefix, int block);
 
   LlamaConfig cfg_;
+  EpSplit ep_{};
   int moe_count_ = 0;
 };
 

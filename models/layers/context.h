@@ -53,6 +53,9 @@ struct LayerCtx {
   // (sequence parallelism).
   Comm* tp = nullptr;
   bool sequence_parallel = false;
+  // Expert parallelism (models/layers/moe.h): the ep group the MoE layers exchange tokens in
+  // (null: every expert on this rank).
+  Comm* ep = nullptr;
 
   Ops& ops() { return dev.ops(); }
   Tensor& weight(int index) { return store.weight(index); }

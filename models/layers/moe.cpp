@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "kernels/comm.h"
+
 namespace memtrade {
 namespace {
 
@@ -109,10 +111,205 @@ void upload_rows(LayerCtx& c, Tensor& idx, const std::vector<std::int32_t>& rows
   c.dev.upload(idx, rows.data(), rows.size() * sizeof(std::int32_t));
 }
 
+// ---- expert parallelism -------------------------------------------------------------------------
+// The ep group's P ranks hold L = E / P experts each, rank q experts [q·L, (q+1)·L) (Megatron-core
+// MoEAlltoAllTokenDispatcher, megatron/core/transformer/moe/token_dispatcher.py: preprocess
+// gathers every rank's tokens per expert over the ep group, token_permutation sends each
+// rank's (token, slot) rows to the experts' owners with all_to_all, token_unpermutation sends
+// the outputs back; autograd mirrors both). Here:
+//   counts (P, E)  every rank's histogram, all_gather_host over the group (on a device without
+//                  data, the plan's: the same routing on every rank);
+//   send   (S, C)  this rank's rows inp[rows], expert-major (so rank p's part is consecutive),
+//                  S = N·k; "moe.ep.idx" (1, S) I32 saved: where each came from;
+//   recv   (R, C)  the rows of this rank's experts from every rank, source-major, then expert;
+//                  expert e runs on its rows gathered by "moe.e{e}.idx" (1, n_e) I32 (saved);
+//   back   (S, C)  the outputs returned to the rows' owners in send order ("moe.ep.y", saved: the
+//                  routing weight's gradient reads it), times the weight and index_add-ed.
+// Backward: d back = dout[send rows] · w -> all_to_all -> each expert's backward -> its dx rows
+// -> all_to_all back -> index_add into d inp. The routing and the router stay local.
+struct EpPlan {
+  int P = 1, q = 0, L = 0;
+  std::vector<std::int32_t> send_rows;                 // (S) this rank's token rows, expert-major
+  std::vector<std::int64_t> send, recv;                // elements (rows · C) to / from each rank
+  std::vector<std::vector<std::int32_t>> expert_rows;  // per local expert: its rows of recv
+  std::int64_t R = 0;                                  // rows received
+};
+
+EpPlan ep_plan(LayerCtx& c, const Moe& m, const MoeState& s, const MoeState::Route& r,
+               std::int64_t C) {
+  Comm& g = *c.ep;
+  EpPlan p;
+  p.P = g.size();
+  p.q = g.rank();
+  const int E = m.num_experts;
+  p.L = E / p.P;
+  std::vector<std::int64_t> counts;  // (P, E)
+  if (c.dev.holds_data()) {
+    counts = g.all_gather_host(r.counts);
+  } else {  // the plan of every rank's tokens: what rank q of P receives at any P
+    for (int src = 0; src < p.P; ++src) {
+      const std::vector<std::int64_t> n =
+          s.routing.plan(s.micro_batch, m.index, s.tokens, E, m.top_k, src);
+      counts.insert(counts.end(), n.begin(), n.end());
+    }
+  }
+  const auto n = [&](int src, int e) { return counts[static_cast<std::size_t>(src * E + e)]; };
+  for (int e = 0; e < E; ++e)
+    p.send_rows.insert(p.send_rows.end(), r.rows[static_cast<std::size_t>(e)].begin(),
+                       r.rows[static_cast<std::size_t>(e)].end());
+  p.send.assign(static_cast<std::size_t>(p.P), 0);
+  p.recv.assign(static_cast<std::size_t>(p.P), 0);
+  p.expert_rows.assign(static_cast<std::size_t>(p.L), {});
+  for (int dst = 0; dst < p.P; ++dst)
+    for (int e = dst * p.L; e < (dst + 1) * p.L; ++e)
+      p.send[static_cast<std::size_t>(dst)] += n(p.q, e) * C;
+  for (int src = 0; src < p.P; ++src)
+    for (int j = 0; j < p.L; ++j) {
+      const std::int64_t rows = n(src, p.q * p.L + j);
+      auto& mine = p.expert_rows[static_cast<std::size_t>(j)];
+      for (std::int64_t i = 0; i < rows; ++i) mine.push_back(static_cast<std::int32_t>(p.R + i));
+      p.R += rows;
+      p.recv[static_cast<std::size_t>(src)] += rows * C;
+    }
+  return p;
+}
+
+void experts_forward_ep(LayerCtx& c, const Tensor& inp, Tensor& out, const Moe& m, MoeState& s,
+                        const MoeState::Route& r) {
+  const std::int64_t C = inp.dim(1);
+  const int k = m.top_k;
+  const DType hidden = out.dtype(), ydt = c.out_dtype(Op::linear, inp);
+  EpPlan p = ep_plan(c, m, s, r, C);
+  const auto S = static_cast<std::int64_t>(p.send_rows.size());
+  Tensor idx = c.act_tensor({1, S}, DType::I32);
+  upload_rows(c, idx, p.send_rows);
+  Tensor recv = c.temp({p.R, C}, inp.dtype());
+  {
+    Tensor send = c.temp({1, S, C}, inp.dtype());  // inp[send_rows]
+    c.ops().embedding_forward(send, idx, inp, nullptr);
+    c.ep->all_to_all(send, p.send, recv, p.recv);
+  }
+  Tensor ys = c.temp({p.R, C}, ydt);  // every received row's expert output, in recv's order
+  c.ops().fill(ys, 0.0f);             // each row written once, by its expert's index_add
+  for (int j = 0; j < p.L; ++j) {
+    const LlamaMlp& x = m.experts[static_cast<std::size_t>(j)];
+    const auto& rows = p.expert_rows[static_cast<std::size_t>(j)];
+    const auto n_e = static_cast<std::int64_t>(rows.size());
+    if (n_e == 0) {  // an idle expert: its weights' autocast casts all the same (moe_forward)
+      for (ParamIndex w : {x.gate_proj.weight, x.up_proj.weight, x.down_proj.weight})
+        (void)c.op_weight(Op::linear, w);
+      continue;
+    }
+    const int e = m.first_expert + j;
+    Tensor eidx = c.act_tensor({1, n_e}, DType::I32);
+    upload_rows(c, eidx, rows);
+    Tensor xe = c.act_tensor({1, n_e, C}, inp.dtype());
+    c.ops().embedding_forward(xe, eidx, recv, nullptr);
+    xe.reshape({n_e, C});
+    const std::int64_t gathered = nb(xe);
+    Tensor y = mlp_forward(c, std::move(xe), x);  // (n_e, C)
+    y.reshape({1, n_e, C});
+    c.ops().embedding_backward(&ys, nullptr, y, eidx, true);  // its rows of ys
+    if (c.save && !c.recompute) {
+      s.saved.dispatch += nb(eidx) + gathered;
+      s.saved.experts += expert_saved_bytes(c, x, n_e, inp.dtype(), ydt);
+    }
+    c.keep(expert_key(e, "idx"), std::move(eidx));
+  }
+  recv.reset();
+  Tensor back = c.act_tensor({S, C}, ydt);  // the outputs of this rank's rows, send order
+  c.ep->all_to_all(ys, p.recv, back, p.send);
+  ys.reset();
+  // back · routing_weights, index_add-ed into out (moe_forward's per-expert product, in one).
+  Tensor scaled = c.temp({1, S, C}, c.out_dtype(Op::add, ydt, hidden));
+  {
+    std::vector<float> v = read_host(c, back);
+    if (c.dev.holds_data()) {
+      std::int64_t i = 0;
+      for (int e = 0; e < m.num_experts; ++e)
+        for (std::size_t t = 0; t < r.rows[static_cast<std::size_t>(e)].size(); ++t, ++i) {
+          const float w = round_as(
+              hidden,
+              r.weights[static_cast<std::size_t>(r.rows[static_cast<std::size_t>(e)][t] * k +
+                                                 r.slots[static_cast<std::size_t>(e)][t])]);
+          for (std::int64_t j = 0; j < C; ++j) v[i * C + j] *= w;
+        }
+    }
+    write_host(c, scaled, v);
+  }
+  c.ops().embedding_backward(&out, nullptr, scaled, idx, true);
+  scaled.reset();
+  if (c.save && !c.recompute) s.saved.dispatch += nb(idx) + nb(back);
+  c.keep("moe.ep.y", std::move(back));
+  c.keep("moe.ep.idx", std::move(idx));
+}
+
+void experts_backward_ep(LayerCtx& c, const Tensor& dout, Tensor& dinp, std::vector<double>& dw,
+                         const Moe& m, const MoeState& s, const MoeState::Route& r) {
+  const Tensor& idx = c.get("moe.ep.idx");
+  const Tensor& back = c.get("moe.ep.y");
+  const std::int64_t S = idx.dim(1), C = dout.dim(1);
+  const int k = m.top_k;
+  const bool data = c.dev.holds_data();
+  EpPlan p = ep_plan(c, m, s, r, C);
+  // d back = dout[send rows] · w (in back's dtype), d w = Σ_c dout[row] · back.
+  Tensor dyr = c.temp({p.R, C}, back.dtype());
+  {
+    Tensor dback = c.temp({S, C}, back.dtype());
+    {
+      Tensor gr = c.temp({1, S, C}, dout.dtype());
+      c.ops().embedding_forward(gr, idx, dout, nullptr);
+      std::vector<float> gv = read_host(c, gr);
+      const std::vector<float> yv = read_host(c, back);
+      if (data) {
+        std::int64_t i = 0;
+        for (int e = 0; e < m.num_experts; ++e)
+          for (std::size_t t = 0; t < r.rows[static_cast<std::size_t>(e)].size(); ++t, ++i) {
+            const std::size_t slot =
+                static_cast<std::size_t>(r.rows[static_cast<std::size_t>(e)][t] * k +
+                                         r.slots[static_cast<std::size_t>(e)][t]);
+            double dot = 0.0;
+            for (std::int64_t j = 0; j < C; ++j) {
+              dot += static_cast<double>(gv[i * C + j]) * yv[i * C + j];
+              gv[i * C + j] *= round_as(dout.dtype(), r.weights[slot]);
+            }
+            dw[slot] += dot;
+          }
+      }
+      write_host(c, dback, gv);
+    }
+    c.ep->all_to_all(dback, p.send, dyr, p.recv);
+  }
+  Tensor dxr = c.temp({p.R, C}, dinp.dtype());  // every received row's d input
+  c.ops().fill(dxr, 0.0f);
+  for (int j = 0; j < p.L; ++j) {
+    const LlamaMlp& x = m.experts[static_cast<std::size_t>(j)];
+    const auto n_e = static_cast<std::int64_t>(p.expert_rows[static_cast<std::size_t>(j)].size());
+    if (n_e == 0) {  // an idle expert: zero gradients (moe_backward)
+      for (ParamIndex w : {x.gate_proj.weight, x.up_proj.weight, x.down_proj.weight})
+        if (GradRef g = c.store.grad(w); !g.accumulate) c.ops().fill(g.t, 0.0f);
+      continue;
+    }
+    const Tensor& eidx = c.get(expert_key(m.first_expert + j, "idx"));
+    Tensor dy = c.temp({1, n_e, C}, back.dtype());
+    c.ops().embedding_forward(dy, eidx, dyr, nullptr);
+    dy.reshape({n_e, C});
+    Tensor dx = mlp_backward(c, dy, x);  // (n_e, C)
+    dy.reset();
+    dx.reshape({1, n_e, C});
+    c.ops().embedding_backward(&dxr, nullptr, dx, eidx, true);
+  }
+  dyr.reset();
+  Tensor dxs = c.temp({1, S, C}, dxr.dtype());
+  c.ep->all_to_all(dxr, p.recv, dxs, p.send);
+  dxr.reset();
+  c.ops().embedding_backward(&dinp, nullptr, dxs, idx, true);  // hidden_states[top_x]'s
+}
+
 }  // namespace
 
 std::vector<std::int64_t> MoeRouting::plan(std::int64_t micro_batch, int layer, std::int64_t tokens,
-                                           int experts, int top_k) const {
+                                           int experts, int top_k, int rank) const {
   std::vector<std::int64_t> n(static_cast<std::size_t>(experts), 0);
   switch (kind) {
     case Kind::balanced: {
@@ -124,8 +321,10 @@ std::vector<std::int64_t> MoeRouting::plan(std::int64_t micro_batch, int layer, 
       for (int e = 0; e < top_k; ++e) n[e] = tokens;
       break;
     case Kind::measured: {
-      const auto& step = tokens_per_expert.at(static_cast<std::size_t>(
-          micro_batch % static_cast<std::int64_t>(tokens_per_expert.size())));
+      const auto& mine =
+          by_rank.empty() ? tokens_per_expert : by_rank.at(static_cast<std::size_t>(rank));
+      const auto& step =
+          mine.at(static_cast<std::size_t>(micro_batch % static_cast<std::int64_t>(mine.size())));
       if (layer >= static_cast<int>(step.size()) ||
           static_cast<int>(step[static_cast<std::size_t>(layer)].size()) != experts)
         throw std::invalid_argument(
@@ -171,7 +370,7 @@ double MoeState::aux_loss() const {
 Tensor moe_forward(LayerCtx& c, Tensor inp, const Moe& m, MoeState& s) {
   ScopedRange scope(c.dev, "moe");  // names the trace's allocations
   const std::int64_t N = inp.dim(0), C = inp.dim(1);
-  const int E = static_cast<int>(m.experts.size()), k = m.top_k;
+  const int E = m.num_experts, k = m.top_k;
   const DType hidden = inp.dtype();  // HF's final_hidden_states: zeros of hidden_states' dtype
   inp = c.cast_input(Op::linear, std::move(inp));  // (N, C): the router's, experts' and shared's
 
@@ -188,14 +387,17 @@ Tensor moe_forward(LayerCtx& c, Tensor inp, const Moe& m, MoeState& s) {
     if (c.dev.holds_data())
       route_from_probs(r, p, N, E, k, m.norm_topk_prob);
     else
-      route_from_plan(r, s.routing.plan(s.micro_batch, m.index, N, E, k), N, E, k);
+      route_from_plan(
+          r, s.routing.plan(s.micro_batch, m.index, N, E, k, c.ep != nullptr ? c.ep->rank() : 0), N,
+          E, k);
     s.history.back()[static_cast<std::size_t>(m.index)] = r.counts;
   }
 
   // Dispatch: each expert on its tokens, its output times the routing weight added into `out`.
   Tensor out = c.temp({N, C}, hidden);
   c.ops().fill(out, 0.0f);
-  for (int e = 0; e < E; ++e) {
+  if (c.ep != nullptr) experts_forward_ep(c, inp, out, m, s, r);
+  for (int e = 0; e < E && c.ep == nullptr; ++e) {
     const auto& rows = r.rows[static_cast<std::size_t>(e)];
     const auto n_e = static_cast<std::int64_t>(rows.size());
     if (n_e == 0) {
@@ -280,14 +482,15 @@ Tensor moe_backward(LayerCtx& c, const Tensor& dout, const Moe& m, MoeState& s) 
   const Tensor& inp = c.get("moe.inp");
   const Tensor& probs = c.get("moe.probs");
   const std::int64_t N = inp.dim(0), C = inp.dim(1);
-  const int E = static_cast<int>(m.experts.size()), k = m.top_k;
+  const int E = m.num_experts, k = m.top_k;
   const MoeState::Route& r = s.route[static_cast<std::size_t>(m.index)];
   const bool data = c.dev.holds_data();
   Tensor dinp = c.temp_like(dout);  // (N, C): every path's gradient added in
   c.ops().fill(dinp, 0.0f);
   std::vector<double> dw(static_cast<std::size_t>(N * k), 0.0);  // d routing_weights (N, k)
 
-  for (int e = 0; e < E; ++e) {
+  if (c.ep != nullptr) experts_backward_ep(c, dout, dinp, dw, m, s, r);
+  for (int e = 0; e < E && c.ep == nullptr; ++e) {
     const auto& rows = r.rows[static_cast<std::size_t>(e)];
     const auto n_e = static_cast<std::int64_t>(rows.size());
     if (n_e == 0) {

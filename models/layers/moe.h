@@ -27,6 +27,13 @@
 // Qwen2-MoE: the shared expert's (prefix "moe.shared.", its input "moe.inp" itself),
 // "moe.shared.y" (N, C) and "moe.shared.sig" (N, 1).
 //
+// Expert parallelism (LayerCtx::ep, kernels/parallel_state.h): the model holds its ep rank's
+// E / ep experts; the router and routing stay local, the (token, slot) rows go to their experts'
+// ranks by all_to_all(v) and the outputs come back the same way (moe.cpp's experts_forward_ep has
+// the layout). Saved then: "moe.ep.idx" (1, N·k) I32 (the rows sent, expert-major) and "moe.ep.y"
+// (N·k, C) (their returned outputs), and per local expert with rows received "moe.e{e}.idx"
+// (1, n_e) I32 (its rows of the receive buffer) and its SwiGLU's own.
+//
 // The load-balancing loss (load_balancing_loss_func, Switch Transformer eq. 4-6) over the MoE
 // layers' N·L rows: aux = E · Σ_e f_e · P_e, f_e the fraction of routed (token, slot) pairs that
 // chose e, P_e the mean of p[:, e]. HF adds router_aux_loss_coef · aux to the loss only when
@@ -43,9 +50,18 @@
 
 namespace memtrade {
 
+// Expert parallelism: the model of ep rank `rank` of `size` holds experts
+// [rank·E/size, (rank+1)·E/size) of each MoE layer.
+struct EpSplit {
+  int size = 1;
+  int rank = 0;
+};
+
 struct Moe {
   Linear gate{};                    // router (E, C)
-  std::vector<LlamaMlp> experts{};  // E; empty: this layer is dense
+  std::vector<LlamaMlp> experts{};  // this rank's E / ep; empty: this layer is dense
+  int num_experts = 0;              // E, every rank's
+  int first_expert = 0;             // experts[i] is expert first_expert + i
   LlamaMlp shared{};                // Qwen2-MoE's shared_expert; down_proj.weight -1: none
   Linear shared_gate{};             // (1, C)
   int top_k = 2;
@@ -60,13 +76,18 @@ struct Moe {
 // N·k/E tokens, the remainder one more to the first ones), worst (dropless worst case: every
 // token on experts 0..k-1) or the measured tokens_per_expert [micro-batch][layer][expert] of a
 // results file (micro-batch i of a step takes entry i mod its count).
+// Under expert parallelism every rank of the ep group routes its own tokens: balanced and worst
+// plan the same histogram for each, measured may hold one per ep rank (by_rank[ep rank], each
+// as tokens_per_expert; empty: tokens_per_expert for every rank).
 struct MoeRouting {
   enum class Kind { balanced, worst, measured } kind = Kind::balanced;
   std::vector<std::vector<std::vector<std::int64_t>>> tokens_per_expert{};
+  std::vector<std::vector<std::vector<std::vector<std::int64_t>>>> by_rank{};
   std::string source{};  // "balanced", "worst" or the file
 
+  // The histogram of ep rank `rank`'s tokens.
   std::vector<std::int64_t> plan(std::int64_t micro_batch, int layer, std::int64_t tokens,
-                                 int experts, int top_k) const;
+                                 int experts, int top_k, int rank = 0) const;
 };
 
 // The routing of the micro-batch in flight, per MoE layer, and the measured histograms. One per

@@ -36,9 +36,15 @@ std::int64_t first_sample(const TrainConfig& c, std::int64_t step, int rank, std
 struct DdpBucket {
   std::vector<int> params;  // indices into the model's params, in bucket order
   std::int64_t numel = 0;
+  bool experts = false;  // expert parameters: all-reduced over the expert-data-parallel group
 };
 inline constexpr std::int64_t kDdpFirstBucketBytes = 1 << 20;
 inline constexpr std::int64_t kDdpBucketCapBytes = 25 << 20;
-std::vector<DdpBucket> ddp_buckets(const std::vector<ParamSpec>& specs, DType grad_dtype);
+// Under expert parallelism the expert parameters (ParamSpec::expert) have buckets of their own,
+// planned the same way (`experts` true), as Megatron-core's DistributedDataParallel keeps
+// expert_parallel_buffers beside its buffers, reduced over the expert-data-parallel group
+// (megatron/core/distributed/distributed_data_parallel.py); `experts` false plans the rest.
+std::vector<DdpBucket> ddp_buckets(const std::vector<ParamSpec>& specs, DType grad_dtype,
+                                   bool experts = false);
 
 }  // namespace memtrade

@@ -68,12 +68,13 @@ ParamPlacement ParamPlacement::from(const TrainConfig& cfg) {
 
 TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& specs,
                                      const ParamPlacement& placement, std::uint64_t seed,
-                                     Comm& comm)
+                                     Comm& comm, Comm* expert_comm)
     : dev_(dev),
       specs_(specs),
       place_(placement),
       slots_(specs.size()),
       comm_(comm),
+      expert_comm_(expert_comm != nullptr ? *expert_comm : comm),
       layout_{comm.size(), comm.rank()} {
   if (layout_.ranks == 1) place_.sharding = Sharding::none;
   int max_block = -1;
@@ -87,7 +88,9 @@ TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& 
   for (int i = 0; i < size(); ++i) {
     const ParamSpec& spec = specs_[static_cast<std::size_t>(i)];
     Slot& s = slots_[static_cast<std::size_t>(i)];
-    const std::vector<float> values = init ? init_values(spec, seed, i) : std::vector<float>{};
+    const std::vector<float> values =
+        init ? init_values(spec, seed, spec.init_index >= 0 ? spec.init_index : i)
+             : std::vector<float>{};
     auto on_device = [&](Tensor& t) {
       if (init) dev_.from_host_f32(t, values);
     };
@@ -100,7 +103,7 @@ TrainerParamStore::TrainerParamStore(Device& dev, const std::vector<ParamSpec>& 
       continue;
     }
     if (sharded()) {
-      const Part p = even_part(shape_numel(spec.shape), layout_.ranks, layout_.rank);
+      const Part p = even_part(shape_numel(spec.shape), group(i).size(), group(i).rank());
       s.offset = p.offset;
       s.part = p.count;
     }
@@ -174,6 +177,10 @@ void TrainerParamStore::make_buckets() {
   // DDP allocates its buckets when it wraps the model (Reducer::initialize_buckets).
   if (!ddp()) return;
   bucket_plan_ = ddp_buckets(specs_, place_.compute);
+  if (expert_comm_.size() > 1 && &expert_comm_ != &comm_) {  // one rank: nothing to reduce
+    std::vector<DdpBucket> experts = ddp_buckets(specs_, place_.compute, true);
+    bucket_plan_.insert(bucket_plan_.end(), experts.begin(), experts.end());
+  }
   for (const DdpBucket& b : bucket_plan_) {
     buckets_.push_back(dev_.empty({b.numel}, place_.compute, Category::grads));
     int ready = b.params.empty() ? -1 : spec(b.params.front()).block;
@@ -246,7 +253,7 @@ void TrainerParamStore::gather_weight(int index) {
   ScopedRange range(dev_, "param_gather");
   Slot& s = slot(index);
   s.weight = dev_.empty(spec(index).shape, place_.compute, Category::params);
-  comm_.all_gather(s.shard, s.weight, even_parts(s.weight.numel(), layout_.ranks));
+  group(index).all_gather(s.shard, s.weight, even_parts(s.weight.numel(), group(index).size()));
 }
 
 void TrainerParamStore::gather_root(bool for_backward) {
@@ -288,6 +295,7 @@ void TrainerParamStore::block_grads_done(int block) {
     for (std::size_t b = 0; b < bucket_plan_.size(); ++b)
       if (bucket_ready_block_[b] == block && !bucket_started_[b]) start_bucket(b);
     comm_.progress();
+    if (&expert_comm_ != &comm_) expert_comm_.progress();
     return;
   }
   if (place_.sharding != Sharding::zero2 && place_.sharding != Sharding::zero3) return;
@@ -306,7 +314,7 @@ void TrainerParamStore::start_bucket(std::size_t b) {
     dev_.copy(base + off, s.grad.data(), s.grad.nbytes(), CopyKind::device_to_device);
     off += s.grad.nbytes();
   }
-  comm_.start_all_reduce(bucket);
+  (bucket_plan_[b].experts ? expert_comm_ : comm_).start_all_reduce(bucket);
   bucket_started_[b] = true;
 }
 
@@ -325,7 +333,7 @@ void TrainerParamStore::reduce_scatter_grad(int index, Ops& ops) {
   ScopedRange range(dev_, "grad_reduce_scatter");
   Slot& s = slot(index);
   Tensor part = dev_.empty({s.part}, place_.compute, Category::grads);
-  comm_.reduce_scatter(s.grad, part, even_parts(s.grad.numel(), layout_.ranks));
+  group(index).reduce_scatter(s.grad, part, even_parts(s.grad.numel(), group(index).size()));
   s.grad.reset();  // the full grad is gone; the rank keeps its part
   if (s.grad_part.defined()) {
     ops.add_inplace(s.grad_part, part);  // zero_grad=zero: onto the zero-filled part
@@ -344,6 +352,7 @@ void TrainerParamStore::reduce_grads(Ops& ops) {
     for (std::size_t b = 0; b < bucket_plan_.size(); ++b)
       if (!bucket_started_[b]) start_bucket(b);
     comm_.wait_started();
+    if (&expert_comm_ != &comm_) expert_comm_.wait_started();
     for (std::size_t b = 0; b < bucket_plan_.size(); ++b) finish_bucket(b);
     return;
   }
@@ -351,7 +360,7 @@ void TrainerParamStore::reduce_grads(Ops& ops) {
     Slot& s = slot(i);
     if (!spec(i).trainable || !s.grad.defined()) continue;
     if (place_.sharding == Sharding::zero1) {
-      comm_.all_reduce(s.grad);
+      group(i).all_reduce(s.grad);
     } else {
       reduce_scatter_grad(i, ops);  // what no block's backward reduced (outside the blocks)
     }
@@ -479,7 +488,7 @@ void TrainerParamStore::publish_local(int index, Ops& device_ops, Ops* host_ops)
       }
     }
     if (place_.sharding != Sharding::zero3)
-      comm_.all_gather_in_place(s.weight, even_parts(s.weight.numel(), layout_.ranks));
+      group(index).all_gather_in_place(s.weight, even_parts(s.weight.numel(), group(index).size()));
     return;
   }
   if (!place_.host_update()) {
@@ -521,7 +530,7 @@ std::vector<float> TrainerParamStore::read_f32(const Tensor& t) {
 
 std::vector<float> TrainerParamStore::gather_f32(int index, Tensor& part) {
   Tensor full = dev_.empty(spec(index).shape, part.dtype(), Category::temporaries);
-  comm_.all_gather(part, full, even_parts(full.numel(), layout_.ranks));
+  group(index).all_gather(part, full, even_parts(full.numel(), group(index).size()));
   return read_f32(full);
 }
 

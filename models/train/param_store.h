@@ -66,8 +66,11 @@ class TrainerParamStore final : public ParamStore {
   // Allocates and initialises every copy (per spec.init_std, from `seed`); no gradients yet.
   // On a device that does not hold data (Device::holds_data) it allocates only.
   // `comm`: the data-parallel group (one rank: no parallelism); it must outlive the store.
+  // `expert_comm`: the expert-data-parallel group (kernels/parallel_state.h) over which the
+  // expert parameters (ParamSpec::expert) are reduced and sharded instead; null: `comm`.
   TrainerParamStore(Device& dev, const std::vector<ParamSpec>& specs,
-                    const ParamPlacement& placement, std::uint64_t seed, Comm& comm = self_comm());
+                    const ParamPlacement& placement, std::uint64_t seed, Comm& comm = self_comm(),
+                    Comm* expert_comm = nullptr);
 
   // ---- ParamStore ------------------------------------------------------------------------------
   // Throws std::logic_error for a streamed weight used outside enter_block/exit_block.
@@ -198,6 +201,11 @@ class TrainerParamStore final : public ParamStore {
   std::vector<int> block_depth_;                // enter_block nesting per block
   std::vector<Tensor> staging_;                 // pinned casts in flight until finish_publish
   Comm& comm_;
+  Comm& expert_comm_;
+  // The group a parameter's gradient is reduced and its copies sharded over.
+  Comm& group(int index) const {
+    return specs_[static_cast<std::size_t>(index)].expert ? expert_comm_ : comm_;
+  }
   DataParallelLayout layout_;
   std::vector<DdpBucket> bucket_plan_;  // DDP's buckets (none, torch-zero1): which grads
   std::vector<Tensor> buckets_;         // and their flat buffers, one per bucket

@@ -21,6 +21,11 @@ TrainConfig validated(const TrainConfig& cfg) {
   if (cfg.tensor_parallel < 1 || cfg.data_parallel < 1)
     throw std::invalid_argument(fmt::format("tensor_parallel {} and data_parallel {} must be >= 1",
                                             cfg.tensor_parallel, cfg.data_parallel));
+  if (cfg.expert_parallel < 1 || cfg.data_parallel % cfg.expert_parallel != 0)
+    throw std::invalid_argument(fmt::format("expert_parallel {} must divide data_parallel {}",
+                                            cfg.expert_parallel, cfg.data_parallel));
+  if (cfg.expert_parallel > 1 && cfg.sharding == Sharding::torch_zero1)
+    throw std::invalid_argument("expert parallelism with sharding torch-zero1 is not modelled");
   if (cfg.batch_size < 1)
     throw std::invalid_argument(fmt::format("batch_size must be >= 1, got {}", cfg.batch_size));
   if (cfg.accumulation < 1)
@@ -42,10 +47,11 @@ Trainer::Trainer(Device& dev, Model& model, const TrainConfig& cfg)
       cfg_(validated(cfg)),
       run_(RunOptions::from(cfg)),
       hyper_(default_hyper(cfg.optimizer, model.family(), cfg.lr)),
-      parallel_(make_parallel_state(dev, static_cast<int>(cfg_.tensor_parallel),
-                                    static_cast<int>(cfg_.data_parallel),
-                                    cfg_.sequence_parallel == SequenceParallel::on)),
-      store_(dev, model.params(), ParamPlacement::from(cfg), cfg.seed, parallel_.dp_comm()),
+      parallel_(make_parallel_state(
+          dev, static_cast<int>(cfg_.tensor_parallel), static_cast<int>(cfg_.data_parallel),
+          cfg_.sequence_parallel == SequenceParallel::on, static_cast<int>(cfg_.expert_parallel))),
+      store_(dev, model.params(), ParamPlacement::from(cfg), cfg.seed, parallel_.dp_comm(),
+             &parallel_.edp_comm()),
       scaler_(uses_loss_scaling(cfg.precision), cfg.loss_scale_init,
               cfg.loss_scale_growth_interval) {
   run_.parallel = &parallel_;

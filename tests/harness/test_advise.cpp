@@ -73,7 +73,7 @@ TEST(AdviseKnobs, EveryAdviseValueIsAcceptedAndCheckpointPlansAreDistinct) {
                                      // --gpus (not yet: the GPU time model)
                                      name == "data_parallel" || name == "sharding" ||
                                      name == "tensor_parallel" || name == "sequence_parallel" ||
-                                     name == "model_config" ||
+                                     name == "expert_parallel" || name == "model_config" ||
                                      // which torch.optim code the predicted run uses
                                      name == "optimizer_impl"
                                  ? "keep"
