@@ -553,9 +553,12 @@ void set_knob(TrainConfig& cfg, const Knob& k, std::string_view text) {
 
 void resolve_config(TrainConfig& cfg) {
   // The model, resolved once for the rows below (their resolves and applies build it) and for
-  // every copy of the config; one that cannot be resolved is refused by those rows, as ever.
+  // every copy of the config; one that cannot be resolved or built is refused by those rows, as
+  // ever. Checked as the knobs check theirs, so that a knob finding it set takes it as checked.
   try {
-    cfg.model_desc = model_desc_of(cfg);
+    auto d = model_desc_of(cfg);
+    if (d != cfg.model_desc) (void)make_model(*d, TrainConfig{});
+    cfg.model_desc = std::move(d);
   } catch (const std::invalid_argument&) {
     cfg.model_desc = nullptr;
   }
