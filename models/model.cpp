@@ -9,15 +9,10 @@
 
 #include "models/config/hf_config.h"
 #include "models/config/input_text.h"
-#include "models/families/cnn.h"
-#include "models/families/gpt.h"
-#include "models/families/llama.h"
-#include "models/families/mlp.h"
+#include "models/model_desc.h"
 
 namespace memtrade {
 namespace {
-
-using FamilyConfig = std::variant<GptConfig, LlamaConfig, MlpConfig, CnnConfig>;
 
 struct SizeRow {
   bool listed;  // hidden rows (test sizes) are made by make_model but not listed
@@ -200,23 +195,55 @@ std::string canonical_model_name(std::string_view text) {
   return name;
 }
 
-std::unique_ptr<Model> make_model(const TrainConfig& cfg, int tp_rank, int ep_rank) {
+std::shared_ptr<const ModelDesc> resolve_model(std::string_view model) {
+  auto d = std::make_shared<ModelDesc>();
+  d->family = spec_config(model);
+  d->model = name_of(d->family);
+  return d;
+}
+
+std::shared_ptr<const ModelDesc> resolve_model_config(const std::string& path) {
+  HfModelConfig hf = read_hf_config(path);
+  auto d = std::make_shared<ModelDesc>();
+  d->model_config = path;
+  d->sha256 = std::visit([](const auto& c) { return c.file.sha256; }, hf);
+  d->family = std::visit([](auto& c) { return FamilyConfig(std::move(c)); }, hf);
+  return d;
+}
+
+std::shared_ptr<const ModelDesc> model_desc_of(const TrainConfig& cfg) {
+  if (cfg.model_desc && cfg.model_desc->describes(cfg)) return cfg.model_desc;
+  if (cfg.model_config.empty()) return resolve_model(cfg.model);
+  auto d = resolve_model_config(cfg.model_config);
+  if (!cfg.model_config_sha256.empty() && d->sha256 != cfg.model_config_sha256)
+    throw std::invalid_argument(fmt::format("model_config: {} changed since it was read",
+                                            echo(cfg.model_config, kEchoPathMax)));
+  return d;
+}
+
+namespace {
+// The ranges make_model checks before the model is resolved (as it always has).
+void check_parallel_sizes(const TrainConfig& cfg) {
   if (cfg.tensor_parallel < 1 || cfg.tensor_parallel > 4096)
     throw std::invalid_argument(
         fmt::format("tensor_parallel {} must be in [1, 4096]", cfg.tensor_parallel));
   if (cfg.expert_parallel < 1 || cfg.expert_parallel > 65536)
     throw std::invalid_argument(
         fmt::format("expert_parallel {} must be in [1, 65536]", cfg.expert_parallel));
-  const TpSplit tp{static_cast<int>(cfg.tensor_parallel), tp_rank};
-  const EpSplit ep{static_cast<int>(cfg.expert_parallel), ep_rank};
-  if (cfg.model_config.empty()) return build(spec_config(cfg.model), cfg.seq_len, tp, ep);
-  HfModelConfig hf = read_hf_config(cfg.model_config);
-  const std::string sha = std::visit([](const auto& c) { return c.file.sha256; }, hf);
-  if (!cfg.model_config_sha256.empty() && sha != cfg.model_config_sha256)
-    throw std::invalid_argument(fmt::format("model_config: {} changed since it was read",
-                                            echo(cfg.model_config, kEchoPathMax)));
-  return build(std::visit([](auto& c) { return FamilyConfig(std::move(c)); }, hf), cfg.seq_len, tp,
-               ep);
+}
+}  // namespace
+
+std::unique_ptr<Model> make_model(const ModelDesc& desc, const TrainConfig& cfg, int tp_rank,
+                                  int ep_rank) {
+  check_parallel_sizes(cfg);
+  return build(desc.family, cfg.seq_len, TpSplit{static_cast<int>(cfg.tensor_parallel), tp_rank},
+               EpSplit{static_cast<int>(cfg.expert_parallel), ep_rank});
+}
+
+std::unique_ptr<Model> make_model(const TrainConfig& cfg, int tp_rank, int ep_rank) {
+  check_parallel_sizes(cfg);
+  return make_model(*model_desc_of(cfg), cfg, tp_rank, ep_rank);
+}
 }
 
 std::vector<std::string> model_names() {

@@ -190,8 +190,22 @@ std::string canonical_model_name(std::string_view text);
 // Under tensor parallelism (cfg.tensor_parallel > 1) the model is tp rank `tp_rank`'s slice
 // (its parameters' shapes); rank 0 holds the largest part of an uneven vocabulary split.
 // Under expert parallelism (cfg.expert_parallel > 1) it holds ep rank `ep_rank`'s experts only
-// (kernels/parallel_state.h's ep_rank_of).
+// (kernels/parallel_state.h's ep_rank_of). Built from model_desc_of(cfg): the config's own
+// resolved model where it carries one.
 std::unique_ptr<Model> make_model(const TrainConfig& cfg, int tp_rank = 0, int ep_rank = 0);
+// The same from a resolved model (models/model_desc.h): `desc` is the model, cfg gives seq_len,
+// tensor_parallel and expert_parallel. Nothing is parsed or read.
+std::unique_ptr<Model> make_model(const ModelDesc& desc, const TrainConfig& cfg, int tp_rank = 0,
+                                  int ep_rank = 0);
+
+// Resolving a model, once (models/model_desc.h). A model value: its spec parsed and the overrides
+// applied, throwing as make_model(name) (the shape is not built: make_model checks it). A model
+// config file: read, hashed and parsed (read_hf_config). The model a config names:
+// cfg.model_desc where it describes cfg, else resolved from cfg.model_config (its SHA-256 checked
+// against cfg.model_config_sha256) or cfg.model.
+std::shared_ptr<const ModelDesc> resolve_model(std::string_view model);
+std::shared_ptr<const ModelDesc> resolve_model_config(const std::string& path);
+std::shared_ptr<const ModelDesc> model_desc_of(const TrainConfig& cfg);
 std::vector<std::string> model_names();
 
 }  // namespace memtrade

@@ -13,16 +13,19 @@
 namespace memtrade {
 namespace {
 
-// The row as a CLI11 transformer: accepts any spelling the row accepts, leaves the canonical one.
-CLI::Validator knob_validator(const Knob& k) {
+// The row as a CLI11 transformer: accepts any spelling the row accepts, leaves the canonical one
+// (and the model it resolved, in f.model_desc).
+CLI::Validator knob_validator(const Knob& k, KnobFlags& f) {
   const auto choices = k.choices();
   std::string desc =
       choices.empty() ? k.values_text : fmt::format("{{{}}}", fmt::join(choices, ","));
   return CLI::Validator(
-      [&k](std::string& text) -> std::string {
+      [&k, &f](std::string& text) -> std::string {
         TrainConfig scratch;
+        scratch.model_desc = f.model_desc;
         if (auto problem = k.set(scratch, text)) return *problem;
         text = k.get(scratch);
+        f.model_desc = scratch.model_desc;
         return {};
       },
       desc, k.name);
@@ -82,7 +85,9 @@ std::optional<int> parse_threads(std::string_view text) {
 void add_knob_flags(CLI::App& cmd, KnobFlags& f) {
   for (const Knob& k : knobs()) {
     auto [it, fresh] = f.axes.try_emplace(k.name, k.default_text());
-    cmd.add_option(k.flag, it->second, k.help)->transform(knob_validator(k))->capture_default_str();
+    cmd.add_option(k.flag, it->second, k.help)
+        ->transform(knob_validator(k, f))
+        ->capture_default_str();
   }
   number_flag(cmd, "--seed", f.seed, parse_seed, "an integer in [0, 2^64 - 1]",
               "Data and init seed");
@@ -129,6 +134,7 @@ std::size_t parse_capacity_flag(const std::string& text, bool given) {
 
 TrainConfig to_train_config(const KnobFlags& f) {
   TrainConfig c;
+  c.model_desc = f.model_desc;
   for (const auto& [name, text] : f.axes) set_knob(c, knob(name), text);
   c.seed = f.seed;
   c.lr = f.lr;

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "kernels/gpu_specs.h"
@@ -21,6 +22,9 @@ struct KnobFlags {
   std::string backend = "auto";
   std::string capacity;  // "" = the device's own
   int threads = 0;
+  // The model the --model and --model-config flags resolved while they were parsed: the point
+  // starts from it, so that the file is read once (models/model_desc.h).
+  std::shared_ptr<const ModelDesc> model_desc;
 };
 
 void add_knob_flags(CLI::App& cmd, KnobFlags& flags);

@@ -16,6 +16,7 @@
 #include "kernels/allocator.h"
 #include "models/config/input_text.h"
 #include "models/model.h"
+#include "models/model_desc.h"
 
 namespace memtrade {
 namespace {
@@ -36,8 +37,30 @@ class GridError {
   std::string source_;
 };
 
+// The models the grid's model and model_config values resolve to, each resolved once: a value
+// given again and every point of it start from its description (models/model_desc.h).
+class ResolvedModels {
+ public:
+  // The model of these values (nullptr: not resolved yet).
+  std::shared_ptr<const ModelDesc> find(const std::string& model,
+                                        const std::string& model_config) const {
+    for (const auto& d : descs_)
+      if (model_config.empty() ? d->model_config.empty() && d->model == model
+                               : d->model_config == model_config)
+        return d;
+    return nullptr;
+  }
+  void keep(std::shared_ptr<const ModelDesc> d) {
+    if (d && !find(d->model, d->model_config)) descs_.push_back(std::move(d));
+  }
+
+ private:
+  std::vector<std::shared_ptr<const ModelDesc>> descs_;
+};
+
 // One TOML value of `axis` as canonical text, validated by the axis's row of the knob table.
-std::string axis_value(const GridError& err, const std::string& axis, const toml::node& v) {
+std::string axis_value(const GridError& err, const std::string& axis, const toml::node& v,
+                       ResolvedModels& models) {
   const Knob& k = knob(axis);
   std::string text;
   if (v.is_integer() && k.type != KnobType::text) {
@@ -54,21 +77,24 @@ std::string axis_value(const GridError& err, const std::string& axis, const toml
                                  : "a string"));
   }
   TrainConfig scratch;
+  if (axis == "model") scratch.model_desc = models.find(text, "");
+  if (axis == "model_config" && !text.empty()) scratch.model_desc = models.find("", text);
   if (auto problem = k.set(scratch, text)) err.fail(&v, fmt::format("axes.{}: {}", axis, *problem));
+  models.keep(scratch.model_desc);
   return k.get(scratch);
 }
 
 std::vector<std::string> axis_values(const GridError& err, const std::string& axis,
-                                     const toml::node& node) {
+                                     const toml::node& node, ResolvedModels& models) {
   std::vector<std::string> out;
   if (const auto* arr = node.as_array()) {
     if (arr->empty()) err.fail(&node, fmt::format("axes.{}: empty list", axis));
     for (const auto& v : *arr) {
-      std::string s = axis_value(err, axis, v);
+      std::string s = axis_value(err, axis, v, models);
       if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
     }
   } else {
-    out.push_back(axis_value(err, axis, node));
+    out.push_back(axis_value(err, axis, node, models));
   }
   return out;
 }
@@ -77,9 +103,14 @@ std::vector<std::string> axis_values(const GridError& err, const std::string& ax
 // default, so `model = [gpt, mlp] x seq_len = [...]` varies seq_len of the GPT only (the MLP's
 // duplicates collapse into one point by id).
 TrainConfig config_from_values(const GridError& err,
-                               const std::map<std::string, std::string>& values,
-                               std::uint64_t seed) {
+                               const std::map<std::string, std::string>& values, std::uint64_t seed,
+                               const ResolvedModels& models) {
   TrainConfig c;
+  auto value_of = [&](const char* axis) {
+    const auto it = values.find(axis);
+    return it == values.end() ? knob(axis).default_text() : it->second;
+  };
+  c.model_desc = models.find(value_of("model"), value_of("model_config"));
   for (const auto& [axis, value] : values) set_knob(c, knob(axis), value);
   for (const Knob& k : knobs())
     if (!k.applies(c)) set_knob(c, k, k.default_text());
@@ -108,7 +139,8 @@ struct Filter {
   }
 };
 
-std::vector<Filter> parse_filters(const GridError& err, const toml::table& root, const char* key) {
+std::vector<Filter> parse_filters(const GridError& err, const toml::table& root, const char* key,
+                                  ResolvedModels& models) {
   std::vector<Filter> out;
   const toml::node* node = root.get(key);
   if (node == nullptr) return out;
@@ -135,7 +167,7 @@ std::vector<Filter> parse_filters(const GridError& err, const toml::table& root,
       if (find_knob(name) == nullptr)
         err.fail(&v, fmt::format("{}: unknown axis '{}' (expected one of: {}, backend)", key,
                                  echo(name), fmt::join(knob_names(), ", ")));
-      f.axes[name] = axis_values(err, name, v);
+      f.axes[name] = axis_values(err, name, v, models);
     }
     out.push_back(std::move(f));
   }
@@ -277,6 +309,7 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
 
   // Axis values; a missing axis takes its default.
   AxisValues axes;
+  ResolvedModels models;
   const auto names = knob_names();
   if (const auto* axes_node = root.get("axes")) {
     const auto* tbl = axes_node->as_table();
@@ -286,7 +319,7 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
       if (std::find(names.begin(), names.end(), axis) == names.end())
         err.fail(&v, fmt::format("axes: unknown axis '{}' (expected one of: {})", echo(axis),
                                  fmt::join(names, ", ")));
-      axes[axis] = axis_values(err, axis, v);
+      axes[axis] = axis_values(err, axis, v, models);
     }
   }
   for (const auto& axis : names)
@@ -325,7 +358,7 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
         if (std::find(names.begin(), names.end(), axis) == names.end())
           err.fail(&v, fmt::format("baseline: unknown axis '{}'", echo(axis)));
         if (v.is_array()) err.fail(&v, fmt::format("baseline.{}: expected one value", axis));
-        base[axis] = axis_value(err, axis, v);
+        base[axis] = axis_value(err, axis, v, models);
       }
     }
     combos.push_back(base);
@@ -340,8 +373,8 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
   if (root.get("baseline") != nullptr && g.mode != "sweep")
     err.fail(root.get("baseline"), "baseline: only meaningful with mode = \"sweep\"");
 
-  auto excludes = parse_filters(err, root, "exclude");
-  auto wheres = parse_filters(err, root, "where");
+  auto excludes = parse_filters(err, root, "exclude", models);
+  auto wheres = parse_filters(err, root, "where", models);
   std::set<std::string> seen;
   std::string hash_text = fmt::format("{}|{}|{}|{}|{}|{}", g.name, g.mode, g.run.warmup,
                                       g.run.steps, g.run.seed, g.run.capacity);
@@ -352,7 +385,7 @@ Grid parse_grid(const std::string& text, const std::string& source_name,
                   return f.matches(combo, backend);
                 });
     if (excluded || !kept) continue;
-    TrainConfig cfg = config_from_values(err, combo, g.run.seed);
+    TrainConfig cfg = config_from_values(err, combo, g.run.seed, models);
     GridPoint p{point_id(cfg), cfg};
     if (!seen.insert(p.id).second) continue;
     hash_text += "|" + p.id;

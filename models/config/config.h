@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,6 +17,8 @@
 #include "models/config/autocast_policy.h"
 
 namespace memtrade {
+
+struct ModelDesc;  // models/model_desc.h
 
 // Precision: how dtypes are chosen for weights, activations and the update.
 //   fp32, tf32: everything fp32 (tf32: tensor-core GEMMs on CUDA).
@@ -74,6 +77,11 @@ struct TrainConfig {
   // none. model_config_sha256 is its SHA-256, taken when the knob is set: the id tells files apart.
   std::string model_config;
   std::string model_config_sha256;
+  // model and model_config resolved (models/model_desc.h): made once where the config is made
+  // (their knobs, a grid's values, the CLI's flags) and carried by every copy, so that make_model
+  // neither parses the model value nor reads the file again. Not an axis: make_model uses it only
+  // where it describes model and model_config, and resolves them itself otherwise.
+  std::shared_ptr<const ModelDesc> model_desc;
   std::int64_t batch_size = 8;
   std::int64_t accumulation = 1;
   Precision precision = Precision::fp32;

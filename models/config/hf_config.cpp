@@ -1,5 +1,6 @@
 #include "models/config/hf_config.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -360,7 +361,16 @@ HfModelConfig parse_hf_config(std::string_view text, const ConfigFile& file) {
       fmt::format("unsupported architecture '{}' (memtrade reads {})", echo(name), kArchitectures));
 }
 
+namespace {
+std::atomic<std::uint64_t> g_reads{0};
+}  // namespace
+
+std::uint64_t hf_config_reads() {
+  return g_reads.load();
+}
+
 HfModelConfig read_hf_config(const std::string& path) {
+  ++g_reads;
   const std::string shown = echo(path, kEchoPathMax);
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) fail(fmt::format("{}: is a directory", shown));

@@ -49,6 +49,7 @@
 // dropout. Every problem is one line (std::invalid_argument); the CLI exits 2 with it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -65,5 +66,8 @@ using HfModelConfig = std::variant<GptConfig, LlamaConfig>;
 HfModelConfig parse_hf_config(std::string_view text, const ConfigFile& file);
 // Reads `path`: the model is named after the file's stem, file.sha256 = SHA-256 of its bytes.
 HfModelConfig read_hf_config(const std::string& path);
+// How many times read_hf_config has been called in this process: tests prove that a command
+// reads its config file once (models/model_desc.h).
+std::uint64_t hf_config_reads();
 
 }  // namespace memtrade

@@ -11,6 +11,7 @@
 #include "models/config/hf_config.h"
 #include "models/config/input_text.h"
 #include "models/model.h"
+#include "models/model_desc.h"
 #include "models/train/saved_tensors.h"
 
 namespace memtrade {
@@ -141,8 +142,18 @@ Knob model_knob() {
     const std::string_view base = text.substr(0, text.find(':'));
     if (std::find(names.begin(), names.end(), base) == names.end())
       return fmt::format("unknown value '{}' ({})", echo(text), expected(names));
+    // The value this config's model was resolved from is not parsed again; a model config
+    // file's description stays (the file defines the model, the value holds the place).
+    const bool file = c.model_desc && !c.model_desc->model_config.empty();
+    if (!file && c.model_desc && c.model_desc->model == text) {
+      c.model = c.model_desc->model;
+      return std::nullopt;
+    }
     try {
-      c.model = canonical_model_name(text);
+      auto d = resolve_model(text);         // canonical: one configuration, one spelling
+      (void)make_model(*d, TrainConfig{});  // a shape the model cannot take throws here
+      c.model = d->model;
+      if (!file) c.model_desc = std::move(d);
     } catch (const std::invalid_argument& e) {
       return std::string(e.what());
     }
@@ -172,19 +183,25 @@ Knob model_config_knob() {
                        c.model_config_sha256.substr(0, 8));
   };
   k.set = [](TrainConfig& c, std::string_view text) -> std::optional<std::string> {
-    TrainConfig read;
-    read.model_config = std::string(text);
-    if (!text.empty()) {
+    if (text.empty()) {
+      if (c.model_desc && !c.model_desc->model_config.empty()) c.model_desc = nullptr;
+      c.model_config.clear();
+      c.model_config_sha256.clear();
+      return std::nullopt;
+    }
+    // The file this config's model was read from is not read again (models/model_desc.h).
+    std::shared_ptr<const ModelDesc> d = c.model_desc;
+    if (!d || d->model_config != text) {
       try {
-        const HfModelConfig hf = read_hf_config(read.model_config);
-        read.model_config_sha256 = std::visit([](const auto& m) { return m.file.sha256; }, hf);
-        (void)make_model(read);  // a shape the layers cannot take fails here
+        d = resolve_model_config(std::string(text));
+        (void)make_model(*d, TrainConfig{});  // a shape the layers cannot take fails here
       } catch (const std::invalid_argument& e) {
         return std::string(e.what());
       }
     }
-    c.model_config = read.model_config;
-    c.model_config_sha256 = read.model_config_sha256;
+    c.model_config = d->model_config;
+    c.model_config_sha256 = d->sha256;
+    c.model_desc = std::move(d);
     return std::nullopt;
   };
   k.resolve = [](TrainConfig& c) -> std::optional<std::string> {
@@ -568,6 +585,16 @@ void set_knob(TrainConfig& cfg, const Knob& k, std::string_view text) {
 }
 
 void resolve_config(TrainConfig& cfg) {
+  // The model, resolved once for the rows below (their resolves and applies build it) and for
+  // every copy of the config; one that cannot be resolved or built is refused by those rows, as
+  // ever. Checked as the knobs check theirs, so that a knob finding it set takes it as checked.
+  try {
+    auto d = model_desc_of(cfg);
+    if (d != cfg.model_desc) (void)make_model(*d, TrainConfig{});
+    cfg.model_desc = std::move(d);
+  } catch (const std::invalid_argument&) {
+    cfg.model_desc = nullptr;
+  }
   for (const Knob& k : knobs())
     if (auto err = k.resolve(cfg)) throw KnobError(fmt::format("{}: {}", k.name, *err));
   // An axis that does not apply (the autocast policy of fp32, the attention kind of an MLP)
