@@ -244,7 +244,6 @@ std::unique_ptr<Model> make_model(const TrainConfig& cfg, int tp_rank, int ep_ra
   check_parallel_sizes(cfg);
   return make_model(*model_desc_of(cfg), cfg, tp_rank, ep_rank);
 }
-}
 
 std::vector<std::string> model_names() {
   std::vector<std::string> out;
