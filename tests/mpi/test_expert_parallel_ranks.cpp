@@ -176,6 +176,8 @@ TEST_P(EpEquivalence, StepEqualsEp1AndOneRank) {
   const Step got = run_step(config_of(k, W, 2, 2), rank);
   const Step ep1 = run_step(config_of(k, W, 1, 2), rank);
   const bool bf16 = k.precision != Precision::fp32;
+  // The router runs on the same rows at ep 2 as at ep 1: the same routing, bit for bit.
+  EXPECT_EQ(got.history, ep1.history) << "rank " << rank;
   expect_close(got, ep1, fmt::format("{} dp{} ep2 vs dp{} ep1", case_name({k, 0}), W, W), rank,
                bf16);
   // One rank at W times the batch: without the aux loss (per micro-batch, not linear in the
