@@ -56,7 +56,8 @@ run: build
 # The docs page: ci/grids/docs.toml on the CPU, charts and index in docs/ (committed), the
 # knob table of docs/design.md, docs/pytorch.md (memtrade's memory against PyTorch's) and
 # docs/advise.md ("What to turn when you run out of memory", memtrade advise on the atlas models)
-# and docs/atlas.md (the memory atlas of GPT-2 and Llama sizes, from the CUDA memory model).
+# and docs/atlas.md (the memory atlas of GPT-2 and Llama sizes and of Qwen2.5, Mistral, Gemma 2 and
+# Mixtral config files, from the CUDA memory model).
 PYTORCH_POINTS := $(shell for m in gpt-mini:8 gpt-small:8 mlp-small:8 cnn-small:8; do \
   for c in 0 1 0.5 sqrt selective; do printf '%s:%s,%s:%s:bf16:torch-cpu,' $$m $$c $$m $$c; done; \
   done; printf 'llama-mini:8:0,llama-mini:8:1,llama-mini:8:0:bf16:torch-cpu')

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Writes docs/advise.md, "What to turn when you run out of memory": the playbook for CUDA out of
 memory (smaller micro-batch with accumulation, checkpointing, offload, flash attention, ...)
-quantified by `memtrade advise` for the atlas models on 24, 40 and 80 GiB cards, with one chart
+quantified by `memtrade advise` for the atlas models on 24, 40 and 80 GiB cards (those a config
+file defines, 7B and more, on 80 GiB only), with one chart
 per model (the frontier on the smallest card, the capacity line and the chosen point), and the
 same workloads on one H100 priced by its time model (`advise --gpu h100`).
 
@@ -23,9 +24,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CARDS_GIB = (24, 40, 80)
+# The models a config file defines (reports/atlas.py CONFIG_MODELS: Qwen2.5-7B, Mistral-7B,
+# Gemma-2-9B, Mixtral-8x7B) run on the 80 GiB card and the H100 only: at 7B parameters and more,
+# bf16 autocast with Adam fits nothing smaller whatever advise turns (llama3-8b's rows show it),
+# and each of their runs takes minutes.
+CONFIG_CARDS_GIB = (80,)
 # The workload: 32 sequences per optimizer step, bf16 autocast (torch.autocast over fp32 weights),
-# Adam; GPT-2 at its full context of 1024 tokens, Llama at 4096 (its own, 8k-128k, is longer than
-# most fine-tuning runs use); advise keeps all of that and turns the rest.
+# Adam; GPT-2 at its full context of 1024 tokens, Llama and the config files' models at 4096 (their
+# own, 8k-128k, is longer than most fine-tuning runs use); advise keeps all of that and turns the
+# rest.
 START = ["--precision", "bf16", "--global-batch", "32"]
 LLAMA_SEQ = 4096
 # The CPU calibration: one thread, CPU time per step, which the other jobs of a shared build
@@ -42,16 +49,44 @@ def run(binary: str, *args: str) -> tuple[int, str]:
     return r.returncode, r.stdout
 
 
-def models(binary: str) -> list[str]:
-    """The atlas's models that this memtrade knows."""
+def atlas():
+    """reports.atlas, the one list of models; imported once main has set MEMTRADE_BIN (importing
+    reports reads the knob table)."""
     from reports import atlas as ATLAS  # noqa: E402
+    return ATLAS
+
+
+def models(binary: str) -> list[str]:
+    """The atlas's models that this memtrade knows (a config file's always: memtrade reads it)."""
     table = json.loads(run(binary, "knobs", "--json")[1])
     known = next(k for k in table if k["name"] == "model")["choices"]
-    return [m for m in ATLAS.MODELS if m in known]
+    return [m for m in atlas().MODELS if m in known or atlas().model_file(m)]
 
 
-def seq_args(model: str) -> list[str]:
-    return ["--seq-len", str(LLAMA_SEQ)] if model.startswith("llama") else []
+def cards(model: str) -> tuple[int, ...]:
+    return CONFIG_CARDS_GIB if atlas().model_file(model) else CARDS_GIB
+
+
+def model_args(model: str) -> list[str]:
+    """--model (or --model-config) and the sequence length: GPT-2 its own, the others LLAMA_SEQ."""
+    long = model.startswith("llama") or atlas().model_file(model)
+    return atlas().model_args(model) + (["--seq-len", str(LLAMA_SEQ)] if long else [])
+
+
+def config_paragraph(names: list[str]) -> list[str]:
+    """Which models a Hugging Face config.json defines, where they appear, and the routing their
+    mixture-of-experts peaks assume."""
+    files = [(m, atlas().CONFIG_MODELS.get(m, m)) for m in names if atlas().model_file(m)]
+    if not files:
+        return []
+    listed = ", ".join(f"{m} (`--model-config {f}`)" for m, f in files)
+    return [f"The models {listed} are defined by their Hugging Face config.json. They appear on "
+            f"the {' and '.join(map(str, CONFIG_CARDS_GIB))} GiB card and the {GPU.upper()} only: at 7B "
+            "parameters and more, bf16 autocast with Adam fits nothing smaller whatever advise turns "
+            "(llama3-8b's rows show it). A mixture-of-experts model's activations depend on how its "
+            "router spreads the tokens, which the memory model cannot know: its peaks assume "
+            "**balanced routing** (each expert receives N·top_k/E of a layer's N tokens; memtrade's "
+            "default, `estimate --moe-routing balanced`).", ""]
 
 
 def gib(n: int) -> str:
@@ -70,14 +105,13 @@ def main(argv: list[str]) -> int:
     docs: dict[tuple[str, int], dict] = {}
     names = models(binary)
     for m in names:
-        for card in CARDS_GIB:
-            _, text = run(binary, "advise", "--backend", "cuda", "--model", m, *seq_args(m), *START,
+        for card in cards(m):
+            _, text = run(binary, "advise", "--backend", "cuda", *model_args(m), *START,
                           "--capacity", f"{card}GiB", *CALIBRATION, "--json", "--quiet")
             docs[(m, card)] = json.loads(text)
     on_gpu = {}
     for m in names:
-        _, text = run(binary, "advise", "--model", m, *seq_args(m), *START, "--gpu", GPU, "--json",
-                      "--quiet")
+        _, text = run(binary, "advise", *model_args(m), *START, "--gpu", GPU, "--json", "--quiet")
         on_gpu[m] = json.loads(text)
     any_doc = next(iter(docs.values()))
     label = ADV.throughput_label(any_doc)
@@ -88,10 +122,11 @@ def main(argv: list[str]) -> int:
              "lower precision. `memtrade advise` answers which of these to turn, and how far, for one "
              "model on one card, with the least throughput lost and the training unchanged (the same "
              "samples per optimizer step, precision and optimizer; `--allow precision,optimizer` opens "
-             "those). Below: its picks for the atlas models (GPT-2 at its full 1024-token context, Llama "
-             f"at {LLAMA_SEQ} tokens), {START[3]} sequences per step, `{START[1]}` autocast and Adam, on "
-             "24, 40 and 80 GiB "
+             "those). Below: its picks for the atlas models (GPT-2 at its full 1024-token context, the "
+             f"others at {LLAMA_SEQ} tokens), {START[3]} sequences per step, `{START[1]}` autocast and "
+             f"Adam, on {', '.join(map(str, CARDS_GIB[:-1]))} and {CARDS_GIB[-1]} GiB "
              f"cards, with a margin of {gib(any_doc['margin'])} for the CUDA context.", "",
+             *config_paragraph(names),
              f"Peaks are the CUDA memory model's. Throughputs are {label}: read them relative to each "
              "other (the *throughput vs as given* column: what fitting costs), not as GPU samples per "
              "second. Where such a model is calibrated on the CPU, a host<->device copy is priced at "
@@ -103,7 +138,7 @@ def main(argv: list[str]) -> int:
         lines += [f"## {card} GiB", "",
                   "| model | as given | advise turns | peak | throughput vs as given | why |",
                   "|---|---|---|---|---|---|"]
-        for m in names:
+        for m in [m for m in names if (m, card) in docs]:
             d = docs[(m, card)]
             start, rec = d["start"], d["recommended"]
             given = f"{gib(start['predicted_peak'])}" + ("" if start["fits"] else " (does not fit)")
@@ -144,7 +179,7 @@ def main(argv: list[str]) -> int:
     lines += ["## The frontiers on 24 GiB", "",
               "Every configuration advise searched, reduced to its memory/throughput Pareto frontier "
               "(predicted), with the card's capacity, the start as given and the recommended point.", ""]
-    for m in names:
+    for m in [m for m in names if (m, CARDS_GIB[0]) in docs]:
         chart = ADV.frontier(docs[(m, CARDS_GIB[0])], out, ["png"], key=f"advise-{m}")
         if chart.files:
             lines += [f"![{chart.title}]({chart.files[0]})", ""]

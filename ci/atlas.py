@@ -4,7 +4,9 @@
     ci/atlas.py BUILD/memtrade DIR [--models M,M] [--seq-lens 1024,2048] [--cards 24GiB,80GiB]
                 [--gpu NAME] [--work DIR]
 
-Writes grid files and runs `memtrade estimate --backend cuda --json` (one process per grid) and
+The models: reports/atlas.py MODELS, memtrade's own sizes by name and Hugging Face config.json
+files by their display name (CONFIG_MODELS); --models also takes a config.json path (named by its
+stem). Writes grid files and runs `memtrade estimate --backend cuda --json` (one process per grid) and
 `memtrade fit --backend cuda` (one per card), then reports/atlas.py turns the documents into the
 page. --models, --seq-lens and --cards narrow the plan (the test runs one model at one length);
 --gpu NAME (a row of `memtrade devices --table`) adds that card's time model to the tensor
@@ -68,6 +70,30 @@ class BadInput(Exception):
     pass
 
 
+def refusal(binary: str, work: pathlib.Path, axes: dict) -> str | None:
+    """memtrade's one line where it refuses the point of these axes (exit 2), else None: what a
+    model cannot take (Gemma 2 flash attention, tensor parallelism of Gemma 2 or of experts)."""
+    grid = write_grid(work / "probe.toml", "atlas-probe", axes, [])
+    p = subprocess.run([binary, "estimate", "--grid", str(grid), "--backend", "cuda", "--json"],
+                       capture_output=True, text=True)
+    if p.returncode == 2:
+        return p.stderr.strip().splitlines()[-1].removeprefix("memtrade: ").removeprefix(f"{grid}: ")
+    if p.returncode != 0:
+        raise RuntimeError(f"{binary} estimate --grid {grid}: exit {p.returncode}: {p.stderr.strip()}")
+    return None
+
+
+def config_with_layers(path: str, n_layer: int, work: pathlib.Path) -> str:
+    """A copy of the config.json at `path` with n_layer layers (the per-layer comparison's
+    `n_layer` override, which a model defined by a file takes as a file)."""
+    cfg = json.loads(pathlib.Path(path).read_text())
+    cfg["num_hidden_layers" if "num_hidden_layers" in cfg else "n_layer"] = n_layer
+    out = work / "configs" / f"{pathlib.Path(path).stem}-n_layer{n_layer}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(cfg, indent=1) + "\n")
+    return str(out)
+
+
 def model_value(base: str, overrides: dict) -> str:
     """The model axis value with overrides, keys sorted as memtrade canonicalises them."""
     if not overrides:
@@ -129,37 +155,102 @@ def check_plan(models: list[str]) -> dict[str, str]:
 def collect(binary: str, work: pathlib.Path, models: list[str], seqs: list[int],
             cards: list[str], gpu: str | None = None) -> R.Atlas:
     knobs.use(json.loads(run([binary, "knobs", "--json"])))
-    help_text = check_plan(models)
+    # A config file's model is memtrade's to check when it reads the file.
+    help_text = check_plan([m for m in models if not R.model_file(m)])
     version = run([binary, "--version"]).splitlines()[0].split(None, 1)[1]
+    default_model = knobs.row("model")["default"]
+    base_value = {m: R.model_file(m) or m for m in models}
+    with_files = any(R.is_config(v) for v in base_value.values())
+
+    def model_axes(values) -> dict:
+        """The grid's model axes: `model`, and `model_config` where a file defines some models
+        (those run at model's default, which is all the file allows; the others with no file)."""
+        names = [v for v in values if not R.is_config(v)]
+        files = [v for v in values if R.is_config(v)]
+        if not with_files:
+            return {"model": names}
+        return {"model": names + ([default_model] if files else []),
+                "model_config": ([""] if names else []) + files}
+
+    def model_where(value: str) -> dict:
+        if not with_files:
+            return {"model": [value]}
+        return ({"model": [default_model], "model_config": [value]} if R.is_config(value)
+                else {"model": [value], "model_config": [""]})
 
     # The models' own hyper-parameters (positions, layers) decide the overrides.
     base = estimate(binary, write_grid(work / "models.toml", "atlas-models",
-                                       {"model": models, **{k: [v] for k, v in FIXED.items()}}, []),
+                                       {**model_axes(list(base_value.values())),
+                                        **{k: [v] for k, v in FIXED.items()}},
+                                       [model_where(v) for v in base_value.values()]),
                     work / "models.json")
-    hyper = {p["config"]["model"]: p["config"]["hyper"] for p in base["points"]}
+    by_value = {R.point_value(p["config"]): p for p in base["points"]}
+    hyper = {R.display_name(m): by_value[v]["config"]["hyper"] for m, v in base_value.items()}
     cases = []
     for m in models:
+        name, file = R.display_name(m), R.CONFIG_MODELS.get(m, base_value[m] if R.model_file(m) else "")
+        h = hyper[name]
+        n_layer = int(h["n_layer"])
+        if n_layer < 3:
+            raise BadInput(f"{m}: {n_layer} layers; the per-layer comparison needs 3 or more")
+        # What memtrade refuses this model (one point each, at the first length): flash
+        # attention, and tensor parallelism at the first size its heads divide by.
+        first = seqs[0]
+        if R.model_file(m):
+            v0 = base_value[m]
+        else:
+            v0 = model_value(m, {"block_size": first} if first > int(h["block_size"]) else {})
+        probe = {**model_axes([v0]), "seq_len": [first], **{k: [v] for k, v in FIXED.items()}}
+        refused = {}
+        why = refusal(binary, work, {**probe, "attention": ["flash"]})
+        if why:
+            refused["attention"] = ("flash", why)
+        tps = [t for t in TP_SIZES if t > 1 and tp_splits(h, t)]
+        why = refusal(binary, work, {**probe, "tensor_parallel": [tps[0]]}) if tps else None
+        if why:
+            refused["tensor_parallel"] = (str(tps[0]), why)
         for s in seqs:
-            ext = s > int(hyper[m]["block_size"])
-            over = {"block_size": s} if ext else {}
-            n_layer = int(hyper[m]["n_layer"])
-            if n_layer < 3:
-                raise BadInput(f"{m}: {n_layer} layers; the per-layer comparison needs 3 or more")
-            layers = (model_value(m, over),) + tuple(
-                model_value(m, {**over, "n_layer": n}) for n in (n_layer - 1, 1))
-            cases.append(R.Case(m, s, model_value(m, over), ext, layers))
+            if R.model_file(m):
+                # The file defines the model: its positions are its own, and the per-layer
+                # comparison's layer counts are copies of the file (left out: a model whose layer
+                # is not dense, or that takes no flash attention, which c₁ comes from).
+                ext, value = False, base_value[m]
+                dense = "moe" not in h and "attention" not in refused
+                layers = ((value,) + tuple(config_with_layers(value, n, work)
+                                           for n in (n_layer - 1, 1))) if dense else ()
+            else:
+                ext = s > int(h["block_size"])
+                over = {"block_size": s} if ext else {}
+                value = model_value(m, over)
+                layers = (value,) + tuple(model_value(m, {**over, "n_layer": n})
+                                          for n in (n_layer - 1, 1))
+            cases.append(R.Case(name, s, value, ext, layers, file=file, refused=refused))
 
-    def pairs(values_of) -> list[dict]:
-        by_value: dict[str, list[int]] = {}
+    def pairs(values_of, setting: dict | None = None) -> list[dict]:
+        """[[where]] clauses: each model value at its lengths, and where a setting is given,
+        with what the model runs of it (R.instead: math where memtrade refuses flash)."""
+        by: dict[tuple, list[int]] = {}
         for c in cases:
+            extra = tuple(sorted(R.instead(c, setting).items())) if setting else ()
             for v in values_of(c):
-                by_value.setdefault(v, []).append(c.seq)
-        return [{"model": [v], "seq_len": ss} for v, ss in by_value.items()]
+                by.setdefault((v, extra), []).append(c.seq)
+        return [{**model_where(v), "seq_len": ss, **{k: [x] for k, x in extra}}
+                for (v, extra), ss in by.items()]
 
-    main_axes = {"model": list(dict.fromkeys(c.value for c in cases)), "seq_len": seqs,
+    def main_where() -> list[dict]:
+        """The main grid's clauses: each model value at its lengths with the attention kinds
+        memtrade takes for it."""
+        out = []
+        for v in dict.fromkeys(c.value for c in cases):
+            cs = [c for c in cases if c.value == v]
+            kinds = list(dict.fromkeys(s["attention"] for s in SETTINGS if R.runs(cs[0], s)))
+            out.append({**model_where(v), "seq_len": [c.seq for c in cs], "attention": kinds})
+        return out
+
+    main_axes = {**model_axes(list(dict.fromkeys(c.value for c in cases))), "seq_len": seqs,
                  **{k: [v] for k, v in FIXED.items()},
                  **{k: list(dict.fromkeys(s[k] for s in SETTINGS)) for k in SETTINGS[0]}}
-    grid = write_grid(work / "peaks.toml", "atlas-peaks", main_axes, pairs(lambda c: [c.value]))
+    grid = write_grid(work / "peaks.toml", "atlas-peaks", main_axes, main_where())
     peaks = estimate(binary, grid, work / "peaks.json")
     fits = {}
     for card in cards:
@@ -168,31 +259,40 @@ def collect(binary: str, work: pathlib.Path, models: list[str], seqs: list[int],
              "--json", str(out)])
         fits[card] = load.load_fit(out)
 
-    layer_axes = {"model": list(dict.fromkeys(v for c in cases for v in c.layer_values)),
+    layer_axes = {**model_axes(list(dict.fromkeys(v for c in cases for v in c.layer_values))),
                   "seq_len": seqs, "precision": LAYER_PRECISIONS, "attention": LAYER_ATTENTIONS,
                   **{k: [v] for k, v in LAYER_FIXED.items()}}
-    layers = estimate(binary, write_grid(work / "layers.toml", "atlas-layers", layer_axes,
-                                         pairs(lambda c: c.layer_values)), work / "layers.json")
-    dp_axes = {"model": main_axes["model"], "seq_len": seqs, **{k: [v] for k, v in FIXED.items()},
-               **{k: [v] for k, v in DP_SETTING.items()}, "data_parallel": DP_RANKS,
-               "sharding": DP_STAGES}
+    layers = (estimate(binary, write_grid(work / "layers.toml", "atlas-layers", layer_axes,
+                                          pairs(lambda c: c.layer_values)), work / "layers.json")
+              if any(c.layer_values for c in cases) else {"points": []})
+    def setting_axes(setting: dict, among=None) -> dict:
+        """The axes of a setting, with every value the cases run of it (R.instead)."""
+        return {k: list(dict.fromkeys(str(R.instead(c, setting)[k]) for c in (among or cases)))
+                for k in setting}
+
+    dp_axes = {**model_axes(list(dict.fromkeys(c.value for c in cases))), "seq_len": seqs,
+               **{k: [v] for k, v in FIXED.items()}, **setting_axes(DP_SETTING),
+               "data_parallel": DP_RANKS, "sharding": DP_STAGES}
     dp = estimate(binary, write_grid(work / "dp.toml", "atlas-dp", dp_axes,
-                                     pairs(lambda c: [c.value])), work / "dp.json")
+                                     pairs(lambda c: [c.value], DP_SETTING)), work / "dp.json")
     # One grid per tp size, over the models it splits; SP where tp > 1. With a GPU the same grid
     # again with --gpu: its time model where the point fits the card (the peaks above are taken
     # without a capacity, so that a point too large for the card still shows its whole peak).
     tp_docs, tp_times = [], []
     for tp in TP_SIZES:
-        ok = [c for c in cases if tp_splits(hyper[c.model], tp)]
+        ok = [c for c in cases if tp_splits(hyper[c.model], tp)
+              and (tp == 1 or "tensor_parallel" not in c.refused)]
         if not ok:
             continue
-        axes = {"model": list(dict.fromkeys(c.value for c in ok)), "seq_len": seqs,
-                **{k: [v] for k, v in FIXED.items()}, **{k: [v] for k, v in TP_SETTING.items()},
+        axes = {**model_axes(list(dict.fromkeys(c.value for c in ok))), "seq_len": seqs,
+                **{k: [v] for k, v in FIXED.items()}, **setting_axes(TP_SETTING, ok),
                 "tensor_parallel": [tp], "sequence_parallel": ["off", "on"] if tp > 1 else ["off"]}
-        by_value: dict[str, list[int]] = {}
+        by: dict[tuple, list[int]] = {}
         for c in ok:
-            by_value.setdefault(c.value, []).append(c.seq)
-        where = [{"model": [v], "seq_len": ss} for v, ss in by_value.items()]
+            extra = tuple(sorted(R.instead(c, TP_SETTING).items()))
+            by.setdefault((c.value, extra), []).append(c.seq)
+        where = [{**model_where(v), "seq_len": ss, **{k: [x] for k, x in extra}}
+                 for (v, extra), ss in by.items()]
         grid = write_grid(work / f"tp{tp}.toml", f"atlas-tp{tp}", axes, where)
         tp_docs.append(estimate(binary, grid, work / f"tp{tp}.json"))
         if gpu:

@@ -512,6 +512,13 @@ def rate(point: dict) -> tuple[float | None, str]:
     return (thr * t if _finite(thr) else None), "tok/s"
 
 
+def rate_unit(points: Iterable[dict]) -> str:
+    """The unit of rate() over these points: tok/s or samples/s, or, where language models and
+    MLP/CNN mix, both named (each point's value is then in its own kind's unit)."""
+    units = {rate(p)[1] for p in points}
+    return units.pop() if len(units) == 1 else "tok/s for language models, samples/s for MLP and CNN"
+
+
 def seq_len_lines(items: Sequence[dict], peak_of) -> list[tuple[dict, list[tuple[int, float]]]]:
     """Points (results points or estimate rows) that differ only in seq_len, as lines: [(config
     of the line, [(tokens, peak), ...] sorted by tokens)], lines with >= 2 lengths only."""

@@ -1,5 +1,6 @@
 """The memory atlas (docs/atlas.md): peak memory, its breakdown and the largest batch per card of
-the published GPT-2 and Llama sizes, predicted by memtrade's CUDA memory model, beside the
+the published GPT-2 and Llama sizes and the Hugging Face configs of Qwen2.5-7B, Mistral-7B,
+Gemma-2-9B and Mixtral-8x7B (MODELS below), predicted by memtrade's CUDA memory model, beside the
 closed-form references people use: 16Ψ bytes of model states for mixed-precision Adam (ZeRO) and
 Korthikanti et al.'s activations per transformer layer.
 
@@ -19,9 +20,51 @@ from . import analysis as A
 from .charts import CATEGORY_COLORS, EXTRA_COLORS, _figure, _save
 from .page import _md_table
 
-# The published sizes people train (the atlas's rows, and docs/advise.md's).
-MODELS = ["gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m", "llama3.2-1b", "llama3.2-3b",
-          "llama3-8b"]
+# The published sizes people train (the atlas's rows, and docs/advise.md's): memtrade's own sizes
+# by name, then Hugging Face config.json files (`--model-config`; the fixtures the HF tests prove
+# the architectures on) by a short display name. This is the one list.
+BUILTIN_MODELS = ["gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m", "llama3.2-1b",
+                  "llama3.2-3b", "llama3-8b"]
+CONFIG_MODELS = {
+    "qwen2.5-7b": "tests/models/fixtures/hf/Qwen2.5-7B.json",
+    "mistral-7b": "tests/models/fixtures/hf/Mistral-7B-v0.1.json",
+    "gemma-2-9b": "tests/models/fixtures/hf/gemma-2-9b.json",
+    "mixtral-8x7b": "tests/models/fixtures/hf/Mixtral-8x7B-v0.1.json",
+}
+MODELS = BUILTIN_MODELS + list(CONFIG_MODELS)
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def model_file(name: str) -> str:
+    """The config.json that defines the model `name`: CONFIG_MODELS' file (absolute), or `name`
+    itself where it is a path ending in .json; "" for one of memtrade's own sizes."""
+    if name in CONFIG_MODELS:
+        return str(ROOT / CONFIG_MODELS[name])
+    return name if name.endswith(".json") else ""
+
+
+def display_name(name: str) -> str:
+    """The page's name of a model: a config file given by its path is named by its stem."""
+    return pathlib.Path(name).stem if name.endswith(".json") else name
+
+
+def model_args(name: str) -> list[str]:
+    """memtrade's flags for the model `name`: --model-config FILE or --model NAME."""
+    f = model_file(name)
+    return ["--model-config", f] if f else ["--model", name]
+
+
+def is_config(value: str) -> bool:
+    """Whether a model value (Case.value) is a config file's path rather than a `model` value."""
+    return value.endswith(".json")
+
+
+def point_value(config: dict) -> str:
+    """The model value a point of `memtrade estimate/fit --json` ran: its config file, else its
+    `model` (with overrides)."""
+    return config.get("model_config") or config["model"]
+
+
 PREDICTED = "predicted by the CUDA memory model, not measured"
 FORMATS = ("png", "svg")
 GiB = A.GiB
@@ -74,13 +117,41 @@ DROPOUT_TERMS = [
 
 @dataclasses.dataclass
 class Case:
-    """One model at one sequence length: the `model` value the estimates ran (with overrides)."""
-    model: str            # the size table's name, e.g. gpt2-124m
+    """One model at one sequence length: the `model` value the estimates ran (with overrides), or
+    the config file that defines it."""
+    model: str            # the page's name, e.g. gpt2-124m, qwen2.5-7b
     seq: int
-    value: str            # the model axis value, e.g. gpt2-124m:block_size=2048
+    value: str            # the model axis value, e.g. gpt2-124m:block_size=2048, or a config path
     extended: bool        # GPT-2 positions extended past the published 1024 (block_size=seq)
-    # the same with n_layer = L, L − 1 and 1: one layer's bytes, and the average over L − 1
-    layer_values: tuple[str, str, str] = ("", "", "")
+    # the same with n_layer = L, L − 1 and 1: one layer's bytes, and the average over L − 1; ()
+    # where the per-layer comparison leaves the model out
+    layer_values: tuple[str, ...] = ("", "", "")
+    file: str = ""        # the config.json that defines the model, as the page shows it
+    # axis -> (value, memtrade's one line): a value memtrade refuses for this model
+    refused: dict = dataclasses.field(default_factory=dict)
+
+
+# Where memtrade refuses a setting's value for a model (Gemma 2's soft-capped scores take no flash
+# attention), the tables of one setting run it with this instead, and say so.
+FALLBACK = {"attention": "math"}
+
+
+def runs(case: Case, setting: dict) -> bool:
+    """Whether memtrade takes this setting for the case's model."""
+    return all(str(setting.get(axis, "")) != value for axis, (value, _) in case.refused.items())
+
+
+def instead(case: Case, setting: dict) -> dict:
+    """The setting, or where memtrade refuses a value of it for this model, FALLBACK's."""
+    if runs(case, setting):
+        return dict(setting)
+    return {k: (FALLBACK.get(k, v) if k in case.refused else v) for k, v in setting.items()}
+
+
+def instead_mark(case: Case, setting: dict) -> str:
+    """' (math)' where the case runs FALLBACK's value instead of the setting's, else ''."""
+    got = instead(case, setting)
+    return "".join(f" ({got[k]})" for k in setting if str(got[k]) != str(setting[k]))
 
 
 @dataclasses.dataclass
@@ -128,18 +199,20 @@ class Index:
     def __init__(self, atlas: Atlas):
         self.atlas = atlas
         axes = sorted(atlas.settings[0])
-        self.peak = {_key(p["config"]["model"], _seq_of(p["config"]),
+        self.peak = {_key(point_value(p["config"]), _seq_of(p["config"]),
                           {k: p["config"][k] for k in axes}): p for p in atlas.peaks["points"]}
-        self.block = {p["config"]["model"]: int(p["config"]["hyper"]["block_size"])
-                      for p in atlas.peaks["points"]}
+        # A point at the model's own length (seq_len 0 in a fit row's config: block_size, or a
+        # sliding window's width where it is shorter) is that length in the estimates' hyper.
+        self.block = {point_value(p["config"]): _seq_of(p["config"]) for p in atlas.peaks["points"]
+                      if not int(p["config"].get("seq_len") or 0)}
         self.fit: dict[str, dict] = {}
         for card, doc in atlas.fits.items():
             for r in doc["rows"]:
                 c = r["config"]
-                seq = int(c.get("seq_len") or 0) or self.block.get(c["model"], 0)
-                self.fit[(card,) + _key(c["model"], seq, {k: c[k] for k in axes})] = r
+                seq = int(c.get("seq_len") or 0) or self.block.get(point_value(c), 0)
+                self.fit[(card,) + _key(point_value(c), seq, {k: c[k] for k in axes})] = r
         layer_axes = ("precision", "attention")
-        self.layer = {_key(p["config"]["model"], _seq_of(p["config"]),
+        self.layer = {_key(point_value(p["config"]), _seq_of(p["config"]),
                            {k: p["config"][k] for k in layer_axes}): p for p in atlas.layers["points"]}
 
     def point(self, case: Case, setting: dict) -> dict:
@@ -242,7 +315,7 @@ class LayerRow:
 
 def layer_rows(atlas: Atlas, idx: Index) -> list[LayerRow]:
     out = []
-    for case in atlas.cases:
+    for case in [c for c in atlas.cases if c.layer_values]:
         hyper = idx.point(case, atlas.settings[0])["config"]["hyper"]
         h, a, s = int(hyper["n_embd"]), int(hyper["n_head"]), case.seq
         got = {(p, at): idx.layer_bytes(case, p, at)
@@ -344,19 +417,20 @@ def peak_chart(atlas: Atlas, idx: Index, outdir: pathlib.Path, formats: Sequence
     fig, axes = _panel_grid(len(models), 13, 3.2)
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
     styles = ["-", "--", "-.", ":"]
-    handles = []
+    handles = {}
     for ax, model in zip(axes, models):
         cases = [c for c in atlas.cases if c.model == model]
         top = 0.0
         for i, setting in enumerate(atlas.settings):
+            if not runs(cases[0], setting):
+                continue  # memtrade refuses it for this model (the panel's title says so)
             pts = [idx.point(c, setting) for c in cases]
             ys = [p["peak_allocated"] / GiB for p in pts]
             top = max(top, *ys)
             (line,) = ax.plot([c.seq for c in cases], ys, marker="o", ms=4, lw=1.6,
                               color=colors[i % len(colors)], ls=styles[i // len(colors) % len(styles)],
                               label=setting_label(setting))
-            if len(handles) < len(atlas.settings):
-                handles.append(line)
+            handles.setdefault(i, line)
         for card in atlas.cards:
             cap = _card_gib(card)
             if cap <= top * 1.15:
@@ -369,14 +443,16 @@ def peak_chart(atlas: Atlas, idx: Index, outdir: pathlib.Path, formats: Sequence
         ax.set_ylim(0, top * 1.18)
         hyper = idx.point(cases[0], atlas.settings[0])["config"]["hyper"]
         ext = any(c.extended for c in cases)
-        ax.set_title(_model_title(cases[0], hyper) + ("\npositions extended past 1024" if ext else ""),
-                     fontsize=9)
+        no = ", ".join(f"{a} {v}" for a, (v, _) in cases[0].refused.items() if a in atlas.settings[0])
+        ax.set_title(_model_title(cases[0], hyper) + ("\npositions extended past 1024" if ext else "")
+                     + (f"\nno {no} (memtrade refuses it)" if no else ""), fontsize=9)
         ax.set_xlabel("sequence length s")
         ax.set_ylabel("peak allocated (GiB)")
         ax.grid(True, alpha=0.3)
     for ax in axes[len(models):]:
         ax.axis("off")
-    axes[len(models)].legend(handles=handles, loc="center", title="setting (batch 1)", frameon=False)
+    axes[len(models)].legend(handles=[handles[i] for i in sorted(handles)], loc="center",
+                             title="setting (batch 1)", frameon=False)
     fixed = ", ".join(f"{k} {v}" for k, v in atlas.fixed.items())
     fig.suptitle(f"Peak memory ({fixed}) — {PREDICTED}", fontsize=11)
     return _save(fig, outdir, "atlas-peak", formats)
@@ -397,13 +473,13 @@ def breakdown_chart(atlas: Atlas, idx: Index, outdir: pathlib.Path,
     """The breakdown at the peak (batch 1, one setting), one panel per model, a bar per length."""
     models = list(dict.fromkeys(c.model for c in atlas.cases))
     setting = atlas.breakdown_setting
-    allpts = [idx.point(c, setting) for c in atlas.cases]
+    allpts = [idx.point(c, instead(c, setting)) for c in atlas.cases]
     cats = _stack_categories(allpts)
     fig, axes = _panel_grid(len(models), 13, 3.2)
     handles = {}
     for ax, model in zip(axes, models):
         cases = [c for c in atlas.cases if c.model == model]
-        pts = [idx.point(c, setting) for c in cases]
+        pts = [idx.point(c, instead(c, setting)) for c in cases]
         xs = list(range(len(cases)))
         bottom = [0.0] * len(cases)
         for i, cat in enumerate(cats):
@@ -418,7 +494,11 @@ def breakdown_chart(atlas: Atlas, idx: Index, outdir: pathlib.Path,
         ax.set_xticks(xs, [f"s={c.seq}" for c in cases])
         ax.set_ylim(0, max(p["peak_allocated"] for p in pts) / GiB * 1.15)
         hyper = pts[0]["config"]["hyper"]
-        ax.set_title(_model_title(cases[0], hyper), fontsize=9)
+        mark = instead_mark(cases[0], setting)
+        ax.set_title(_model_title(cases[0], hyper)
+                     + (f"\n{setting_label(instead(cases[0], setting))}: memtrade refuses "
+                        + ", ".join(v for a, (v, _) in cases[0].refused.items() if a in setting)
+                        if mark else ""), fontsize=9)
         ax.set_ylabel("GiB at the peak")
         ax.grid(True, axis="y", alpha=0.3)
     for ax in axes[len(models):]:
@@ -497,6 +577,53 @@ def settings_section(atlas: Atlas) -> str:
     return "\n".join(lines)
 
 
+def models_section(atlas: Atlas, idx: Index) -> str:
+    """What defines each model, what memtrade refuses for some, and the routing a mixture of
+    experts is estimated with."""
+    first = {}
+    for c in atlas.cases:
+        first.setdefault(c.model, c)
+    rows = []
+    for name, c in first.items():
+        hyper = idx.point(c, atlas.settings[0])["config"]["hyper"]
+        rows.append([name, f"`--model-config {c.file}`" if c.file else f"`--model {name}`",
+                     str(hyper.get("architecture") or hyper.get("family") or "")])
+    lines = ["## Models", "",
+             "memtrade's own sizes by name, and Hugging Face config.json files read with "
+             "`--model-config` (the file defines the model; it is named here by a short name):", "",
+             _md_table(["model", "defined by", "architecture"], rows)]
+    refused = [(name, axis, value, why) for name, c in first.items()
+               for axis, (value, why) in c.refused.items()]
+    if refused:
+        lines += ["", "What memtrade refuses for some of them (one line, exit 2) and what the "
+                  "page does instead:", ""]
+        for name, axis, value, why in refused:
+            if axis in FALLBACK:
+                what = (f"its panels and per-model tables leave the settings with {axis} {value} "
+                        f"out, and the tables of one setting (breakdown, data and tensor "
+                        f"parallelism) run it with {axis} {FALLBACK[axis]}, marked "
+                        f"*({FALLBACK[axis]})*")
+            else:
+                what = "the tensor parallelism table shows tp 1 only"
+            lines.append(f"- {name}, `{axis} = {value}`: \"{why}\" — {what}.")
+    moe = {}
+    for p in atlas.peaks["points"]:
+        if p.get("moe"):
+            c = p["config"]
+            name = next(x.model for x in atlas.cases if x.value == point_value(c))
+            moe.setdefault(name, (c["hyper"].get("moe") or {}, set()))[1].add(p["moe"]["routing"])
+    for name, (m, routing) in moe.items():
+        lines += ["", f"**{name} is a mixture of experts** ({m.get('num_experts')} experts, top "
+                  f"{m.get('top_k')} per token, in {m.get('moe_layers')} layers): its experts' "
+                  "activations depend on how the router spreads the tokens, which the memory model, "
+                  "running no data, cannot know. Every figure of it on this page assumes "
+                  f"**{' and '.join(sorted(routing))} routing** (the estimates' `moe.routing`; "
+                  "`memtrade estimate --moe-routing balanced`, its default: each expert receives "
+                  "N·top_k/E of a layer's N tokens). `--moe-routing worst` (every token on the same "
+                  "top_k experts) or a results file's recorded histograms give other peaks."]
+    return "\n".join(lines)
+
+
 def states_section(atlas: Atlas, idx: Index, n: int) -> tuple[str, int]:
     rows = []
     seen = set()
@@ -555,11 +682,23 @@ def korthikanti_section(atlas: Atlas, idx: Index, lrows: list[LayerRow], n: int)
         f"formula assumes) and flash attention. Ratios are against the no-dropout formula; the "
         f"first memtrade column is also compared with the published one, as people use it.",
         "",
-        "The formula is for GPT-style layers. For Llama (SwiGLU with `intermediate_size`, "
-        "grouped-query attention, RMSNorm instead of LayerNorm) its terms differ; the table "
-        "computes it anyway with h = hidden size and a = query heads, as people do.",
+        "The formula is for GPT-style layers. For Llama and the decoders built like it (SwiGLU "
+        "with `intermediate_size`, grouped-query attention, RMSNorm instead of LayerNorm: Qwen2.5 "
+        "and Mistral too) its terms differ; the table computes it anyway with h = hidden size "
+        "and a = query heads, as people do.",
         "",
     ]
+    left = []
+    for name in dict.fromkeys(c.model for c in atlas.cases if not c.layer_values):
+        c = next(x for x in atlas.cases if x.model == name)
+        hyper = idx.point(c, atlas.settings[0])["config"]["hyper"]
+        why = (["a mixture of experts: each expert keeps the activations of the tokens routed to "
+                "it, which the formula has no term for"] if hyper.get("moe") else []) + (
+               [f"memtrade refuses {a} {v} for it, and c₁ below comes from the flash estimate"
+                for a, (v, _) in c.refused.items() if a == "attention"])
+        left.append(f"{name} ({'; '.join(why)})")
+    if left:
+        text += [f"Left out of this comparison: {', '.join(left)}.", ""]
     rows, notes = [], []
     for r in lrows:
         hyper = idx.point(r.case, atlas.settings[0])["config"]["hyper"]
@@ -609,12 +748,14 @@ def korthikanti_section(atlas: Atlas, idx: Index, lrows: list[LayerRow], n: int)
 
 def model_section(atlas: Atlas, idx: Index, model: str, n: int) -> tuple[str, int]:
     cases = [c for c in atlas.cases if c.model == model]
-    pts = [(c, s, idx.point(c, s)) for c in cases for s in atlas.settings]
+    pts = [(c, s, idx.point(c, s)) for c in cases for s in atlas.settings if runs(c, s)]
     hyper = pts[0][2]["config"]["hyper"]
+    moe = hyper.get("moe") or {}
     cats = _stack_categories([p for _, _, p in pts])
     shape = (f"L = {hyper['n_layer']}, h = {hyper['n_embd']}, a = {hyper['n_head']}"
              + (f", {hyper['n_kv_head']} KV heads" if "n_kv_head" in hyper else "")
              + (f", intermediate {hyper['intermediate_size']}" if "intermediate_size" in hyper else "")
+             + (f", {moe['num_experts']} experts, top {moe['top_k']}" if moe else "")
              + f", vocabulary {hyper['vocab_size']:,}")
     rows, notes = [], []
     for c, s, p in pts:
@@ -630,7 +771,7 @@ def model_section(atlas: Atlas, idx: Index, model: str, n: int) -> tuple[str, in
             notes.append(f"- s = {c.seq}, {label}: ×{states / z:.2f} — {states_reason(p)}.")
     fit_rows = [[str(c.seq) + (" ᵉ" if c.extended else ""), setting_label(s)]
                 + [str(idx.max_batch(card, c, s)) for card in atlas.cards]
-                for c in cases for s in atlas.settings]
+                for c in cases for s in atlas.settings if runs(c, s)]
     text = [
         f"### {model}",
         "",
@@ -658,7 +799,7 @@ def dp_section(atlas: Atlas, n: int) -> tuple[str, int]:
     by = {}
     for p in atlas.dp["points"]:
         c = p["config"]
-        by[(c["model"], _seq_of(c), int(c["data_parallel"]), c["sharding"])] = p
+        by[(point_value(c), _seq_of(c), int(c["data_parallel"]), c["sharding"])] = p
     rows = []
     for case in atlas.cases:
         for ranks in atlas.dp_ranks:
@@ -666,7 +807,8 @@ def dp_section(atlas: Atlas, n: int) -> tuple[str, int]:
             for stage in atlas.dp_stages:
                 p = by.get((case.value, case.seq, ranks, stage))
                 cells.append(gib(p["peak_allocated"]) if p else "—")
-            rows.append([case.model, str(case.seq), str(ranks), *cells])
+            rows.append([case.model + instead_mark(case, atlas.dp_setting), str(case.seq), str(ranks),
+                         *cells])
     text = [
         "## Per GPU under data parallelism",
         "",
@@ -696,7 +838,7 @@ def tp_section(atlas: Atlas, n: int) -> tuple[str, int]:
         for p in (doc or {}).get("points", []):
             c = p["config"]
             sp = c.get("sequence_parallel", "off") if int(c.get("tensor_parallel", 1)) > 1 else "off"
-            by[(c["model"], _seq_of(c), int(c.get("tensor_parallel", 1)), sp)] = p
+            by[(point_value(c), _seq_of(c), int(c.get("tensor_parallel", 1)), sp)] = p
         return by
     peaks, times = index(atlas.tp), index(atlas.tp_time)
     sps = ["off", "on"]
@@ -715,7 +857,8 @@ def tp_section(atlas: Atlas, n: int) -> tuple[str, int]:
                     ok = t and (tp > 1 or sp == "off")
                     cells.append(f"{rate(t['tokens_per_s_per_gpu'])}, {100 * t['mfu']:.1f}%" if ok
                                  else "—")
-            rows.append([case.model, str(case.seq), str(tp), *cells])
+            rows.append([case.model + instead_mark(case, atlas.tp_setting), str(case.seq), str(tp),
+                         *cells])
     head = ["model", "tokens", "tp", "peak, SP off", "peak, SP on"]
     timed = ""
     if atlas.gpu:
@@ -774,6 +917,7 @@ def write_atlas(atlas: Atlas, outdir: str | pathlib.Path, formats: Sequence[str]
         "",
     ]
     n = 1
+    parts += [models_section(atlas, idx), ""]
     section, n = states_section(atlas, idx, n)
     parts += [section, ""]
     section, n = korthikanti_section(atlas, idx, lrows, n)

@@ -174,8 +174,12 @@ def frontier(points: Sequence[dict], meta: dict, outdir: pathlib.Path, formats: 
     fig = _figure(8.5, 5.6 if ok else 2.2)
     ax = fig.add_subplot()
     ax.set_title(title)
-    chart = Chart(key=key, title=title, headers=["#", "model", "knobs", f"peak ({unit})", "samples/s",
-                                                  "median step"])
+    # Throughput in rate()'s unit: tokens/s for a language model (a shorter sequence is more
+    # samples of fewer tokens), samples/s for MLP and CNN; the front is taken in it.
+    rate_unit = A.rate_unit(ok) if ok else "samples/s"
+    mixed = rate_unit not in ("tok/s", "samples/s")
+    chart = Chart(key=key, title=title, headers=["#", "model", "knobs", f"peak ({unit})",
+                                                  "throughput" if mixed else rate_unit, "median step"])
     if not ok:
         _message(ax, f"No ok points: {len(oom)} of {len(points)} point(s) ran out of memory"
                  + (f" at capacity {cap / A.GiB:g} GiB" if cap else "") + "\n(listed in the table below)")
@@ -188,7 +192,7 @@ def frontier(points: Sequence[dict], meta: dict, outdir: pathlib.Path, formats: 
                       for p in oom]
         chart.files = _save(fig, outdir, key, formats)
         return chart
-    thr = [A.throughput(p) for p in ok]
+    thr = [A.rate(p)[0] for p in ok]
     log_y = min(thr) > 0 and max(thr) / min(thr) > 20
     by_model: dict[str, list[dict]] = {}
     for p in ok:
@@ -197,10 +201,10 @@ def frontier(points: Sequence[dict], meta: dict, outdir: pathlib.Path, formats: 
     front_all: list[tuple[dict, str]] = []
     for model, pts in sorted(by_model.items()):
         c = colors[model]
-        ax.scatter([A.peak(p) / div for p in pts], [A.throughput(p) for p in pts], s=22, color=c, alpha=0.45,
+        ax.scatter([A.peak(p) / div for p in pts], [A.rate(p)[0] for p in pts], s=22, color=c, alpha=0.45,
                    linewidths=0, zorder=2)
-        front = [pts[i] for i in A.pareto_front(pts)]
-        fx, fy = [A.peak(p) / div for p in front], [A.throughput(p) for p in front]
+        front = [pts[i] for i in A.pareto_front([(A.peak(p), A.rate(p)[0]) for p in pts])]
+        fx, fy = [A.peak(p) / div for p in front], [A.rate(p)[0] for p in front]
         ax.step(fx, fy, where="post", color=c, lw=1.4, zorder=3)
         ax.scatter(fx, fy, s=42, color=c, edgecolors="black", linewidths=0.7, zorder=4)
         lk = _front_knobs(front) + A.setting_knobs()  # what varies, and every knob turned
@@ -215,7 +219,7 @@ def frontier(points: Sequence[dict], meta: dict, outdir: pathlib.Path, formats: 
     else:
         ax.set_ylim(min(thr) / 1.6, max(thr) * 1.6)
     ax.set_xlabel(f"peak allocated memory ({unit})")
-    ax.set_ylabel("throughput (samples/s" + (", log scale)" if log_y else ")"))
+    ax.set_ylabel(f"throughput ({rate_unit}" + (", log scale)" if log_y else ")"))
     ax.grid(alpha=0.25)
     handles = [Line2D([], [], color=colors[m], marker="o", lw=1.4, label=m) for m in sorted(by_model)]
     handles.append(Line2D([], [], color="gray", marker="o", mec="black", lw=1.4, label="Pareto-optimal (step line)"))
@@ -241,22 +245,33 @@ def frontier(points: Sequence[dict], meta: dict, outdir: pathlib.Path, formats: 
                     frameon=True, framealpha=0.9)
     numbered = len(front_all) > MAX_LABELS
     labels = [(f"#{i + 1}" if numbered else (f"{lab}" if not multi else lab)) for i, (p, lab) in enumerate(front_all)]
-    _place_labels(fig, ax, [A.peak(p) / div for p, _ in front_all], [A.throughput(p) for p, _ in front_all], labels,
+    _place_labels(fig, ax, [A.peak(p) / div for p, _ in front_all], [A.rate(p)[0] for p, _ in front_all], labels,
                   obstacles=[leg] + obstacles)
     for i, (p, lab) in enumerate(front_all):
         chart.rows.append([str(i + 1), p["config"]["model"], lab, f"{A.peak(p) / div:.3g}",
-                           _n(A.throughput(p)), _fmt_time(A.step_time(p))])
+                           _rate_cell(p, mixed), _fmt_time(A.step_time(p))])
     if inference:
         chart.notes.append(f"{len(inference)} inference point(s) (mode = eval) are left out: they do not "
                            "train; see the inference panel.")
     chart.notes.append(f"{len(ok)} ok point(s), {len(oom)} OOM; the table lists the Pareto-optimal points "
                        "(no other point of the same model has less memory and more throughput).")
+    chart.notes.append(_RATE_NOTE)
     if numbered:
         chart.notes.append("Pareto points are numbered on the chart; the numbers refer to the table.")
     if log_y:
         chart.notes.append("Throughput axis is logarithmic (models differ by more than 20×).")
     chart.files = _save(fig, outdir, key, formats)
     return chart
+
+
+_RATE_NOTE = ("Throughput is tokens/s for language models (a shorter sequence is more samples of fewer "
+              "tokens), samples/s for MLP and CNN.")
+
+
+def _rate_cell(p: dict, mixed: bool) -> str:
+    """rate() of a point, with its unit where the table's column mixes kinds of model."""
+    v, unit = A.rate(p)
+    return _n(v) + (f" {unit}" if mixed else "")
 
 
 def _front_knobs(front: Sequence[dict]) -> list[str]:
@@ -344,8 +359,7 @@ def knob_effects(points: Sequence[dict], outdir: pathlib.Path, formats: Sequence
     for b in baselines.values():
         b_rate, b_unit = A.rate(b)
         chart.notes.append(f"Baseline {b['id']}: peak {A.fmt_bytes(A.peak(b))}, {_n(b_rate)} {b_unit}.")
-    chart.notes.append("Throughput is tokens/s for language models (a shorter sequence is more samples "
-                       "of fewer tokens), samples/s for MLP and CNN; throughput lost is in that unit.")
+    chart.notes.append(_RATE_NOTE[:-1] + "; throughput lost is in that unit.")
     defaults = ", ".join(A.short_value(k, A.K.default(k)) for k in A.setting_knobs())
     chart.notes.append("Baseline rule: --baseline-point if given, else per model the ok point with every knob "
                        f"at its default ({defaults}) at the batch size with the most ok points of that "
@@ -377,8 +391,10 @@ def inference(points: Sequence[dict], outdir: pathlib.Path, formats: Sequence[st
     unit, div = A.memory_unit(max(A.peak(p) for pair in pairs for p in pair if p))
     y = list(range(len(pairs)))
     h = 0.38
+    rate_unit = A.rate_unit([p for pair in pairs for p in pair if p])
+    mixed = rate_unit not in ("tok/s", "samples/s")
     for ax, get, xlabel in ((axm, lambda p: A.peak(p) / div, f"peak allocated ({unit})"),
-                            (axt, A.throughput, "throughput (samples/s)")):
+                            (axt, lambda p: A.rate(p)[0], f"throughput ({rate_unit})")):
         ax.barh([v - h / 2 for v in y], [get(t) if t else 0 for _, t in pairs], height=h, color="#4c72b0",
                 label="training")
         ax.barh([v + h / 2 for v in y], [get(e) for e, _ in pairs], height=h, color="#55a868", label="eval")
@@ -388,12 +404,13 @@ def inference(points: Sequence[dict], outdir: pathlib.Path, formats: Sequence[st
     axm.invert_yaxis()
     axt.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=True, framealpha=0.9)
     fig.suptitle(title, fontsize=11)
-    chart = Chart(key=key, title=title, headers=["eval point", f"peak ({unit})", "samples/s", "training point",
-                                                 f"its peak ({unit})", "its samples/s"])
+    col = "throughput" if mixed else rate_unit
+    chart = Chart(key=key, title=title, headers=["eval point", f"peak ({unit})", col, "training point",
+                                                 f"its peak ({unit})", f"its {col}"])
     for lab, (e, t) in zip(labels, pairs):
-        chart.rows.append([lab, f"{A.peak(e) / div:.3g}", _n(A.throughput(e)),
+        chart.rows.append([lab, f"{A.peak(e) / div:.3g}", _rate_cell(e, mixed),
                            A.short_label(t["config"]) if t else "–", f"{A.peak(t) / div:.3g}" if t else "–",
-                           _n(A.throughput(t)) if t else "–"])
+                           _rate_cell(t, mixed) if t else "–"])
     chart.notes.append("Eval runs the forward pass only and keeps nothing for backward: it is inference, not a "
                        "setting of training, so it is kept off the training frontier and the knob effects.")
     chart.files = _save(fig, outdir, key, formats)
@@ -592,7 +609,7 @@ def batch_scaling(points: Sequence[dict], meta: dict, outdir: pathlib.Path, form
         lab = A.compact_label(g[0]["config"], lk)
         bs = [p["config"]["batch_size"] for p in g]
         ax.plot(bs, [A.peak(p) / div for p in g], color=c, marker="o", lw=1.8, zorder=3)
-        axt.plot(bs, [A.throughput(p) for p in g], color=c, marker="o", lw=1.6)
+        axt.plot(bs, [A.rate(p)[0] for p in g], color=c, marker="o", lw=1.6)
         if f["fit"]:
             a, b = f["fit"]
             ys = [(a + b * x) / div for x in xs_line]
@@ -629,7 +646,7 @@ def batch_scaling(points: Sequence[dict], meta: dict, outdir: pathlib.Path, form
     ax.set_title("Peak memory; dashed = linear fit, extrapolated", fontsize=10)
     ax.grid(alpha=0.2, which="major")
     axt.set_xlabel("batch size (log₂)")
-    axt.set_ylabel("throughput (samples/s)")
+    axt.set_ylabel(f"throughput ({A.rate_unit(allp)})")
     axt.set_ylim(0, axt.get_ylim()[1] * 1.1)
     axt.set_title("Throughput (measured)", fontsize=10)
     axt.grid(alpha=0.25)

@@ -130,6 +130,9 @@ Calibration calibrate(const AdviseSpace& space, const CalibrationOptions& o) {
   TrainConfig plain = plain_config(space.start);
   if (proxy) {
     plain.model = o.model;
+    // The proxy is a listed model: a config file that defined the start's model does not define it.
+    plain.model_config.clear();
+    plain.model_config_sha256.clear();
     plain.seq_len = 0;  // the proxy's own
     resolve_config(plain);
   }

@@ -189,3 +189,123 @@ def test_bad_input_is_one_line_and_exit_2(memtrade_bin, tmp_path, args, words):
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and words in r.stderr
     assert not (tmp_path / "docs" / "atlas.md").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Models a Hugging Face config.json defines (--model-config): the published files shrunk to a few
+# MiB so that the page takes seconds, each keeping what the page treats apart: a dense
+# Llama-like decoder (Qwen2), one memtrade takes no flash attention or tensor parallelism for
+# (Gemma 2) and a mixture of experts (Mixtral).
+
+HF = ROOT / "tests" / "models" / "fixtures" / "hf"
+TINY = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+        "num_hidden_layers": 3, "vocab_size": 512, "max_position_embeddings": 4096}
+
+
+def tiny_config(directory, published, name, **more):
+    cfg = {**json.loads((HF / f"{published}.json").read_text()), **TINY, **more}
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def config_page(memtrade_bin, tmp_path_factory):
+    d = tmp_path_factory.mktemp("atlas-configs")
+    files = [tiny_config(d, "Qwen2.5-7B", "tiny-qwen2", sliding_window=4096),
+             tiny_config(d, "gemma-2-9b", "tiny-gemma2", head_dim=16, query_pre_attn_scalar=16),
+             tiny_config(d, "Mixtral-8x7B-v0.1", "tiny-mixtral", num_local_experts=4)]
+    r = run_atlas(memtrade_bin, d / "docs", d / "work", "--models",
+                  ",".join(["llama3.2-1b"] + [str(f) for f in files]), "--seq-lens", "1024,2048",
+                  "--cards", "24GiB", "--gpu", "h100")
+    assert r.returncode == 0, r.stderr
+    return d, files
+
+
+def test_the_model_list_has_one_home():
+    assert R.MODELS == R.BUILTIN_MODELS + list(R.CONFIG_MODELS)
+    for name in ("qwen2.5-7b", "mistral-7b", "gemma-2-9b", "mixtral-8x7b"):
+        path = pathlib.Path(R.model_file(name))
+        assert path.is_file() and R.model_args(name) == ["--model-config", str(path)]
+    assert R.model_args("llama3-8b") == ["--model", "llama3-8b"] and R.model_file("llama3-8b") == ""
+    assert R.display_name("/x/tiny-qwen2.json") == "tiny-qwen2" and R.is_config("/x/tiny-qwen2.json")
+    # What a setting runs where memtrade refuses part of it.
+    case = R.Case("g", 1024, "/x/g.json", False, (), refused={"attention": ("flash", "no")})
+    flash = {"checkpoint": "1", "attention": "flash"}
+    assert not R.runs(case, flash) and R.runs(case, {"checkpoint": "1", "attention": "math"})
+    assert R.instead(case, flash) == {"checkpoint": "1", "attention": "math"}
+    assert R.instead_mark(case, flash) == " (math)"
+
+
+def test_config_models_are_the_estimates_of_their_files(config_page, memtrade_bin):
+    d, (qwen, gemma, moe) = config_page
+    text = (d / "docs" / "atlas.md").read_text()
+    # The models table names each file; Table 1's Ψ is memtrade's count for the file.
+    for f in (qwen, gemma, moe):
+        assert f"| {f.stem} | `--model-config {f}` |" in text
+    head, rows = table(text, "**Table 1.**")
+    psi = {r[0]: int(r[2].replace(",", "")) for r in rows}
+    r = subprocess.run([memtrade_bin, "estimate", "--backend", "cuda", "--model-config", str(qwen),
+                        "--seq-len", "1024", "--batch-size", "1", "--json"],
+                       check=True, capture_output=True, text=True)
+    (p,) = json.loads(r.stdout)["points"]
+    assert psi["tiny-qwen2"] == p["config"]["hyper"]["num_params"]
+    # The per-layer comparison takes the dense file (its layer counts are copies of the file) and
+    # leaves out, with the reason, the one without flash attention and the mixture of experts.
+    head, rows = table(text, "**Table 2.**")
+    assert {r[0] for r in rows} == {"llama3.2-1b", "tiny-qwen2"}
+    est = json.loads((d / "work" / "layers.json").read_text())
+
+    def act(n_layer):
+        (p,) = [p for p in est["points"] if p["config"].get("model_config", "").endswith(
+                    "tiny-qwen2.json" if n_layer == 3 else f"tiny-qwen2-n_layer{n_layer}.json")
+                and p["config"]["precision"] == "bf16" and p["config"]["attention"] == "math"
+                and int(p["config"]["seq_len"]) == 2048]
+        assert p["config"]["hyper"]["n_layer"] == n_layer
+        return p["breakdown_at_peak"]["activations"]
+
+    (row,) = [r for r in rows if r[:2] == ["tiny-qwen2", "2048"]]
+    assert float(row[5].replace(",", "")) == pytest.approx((act(3) - act(2)) / MiB, abs=0.05)
+    left = next(l for l in text.splitlines() if l.startswith("Left out of this comparison"))
+    assert "tiny-gemma2 (memtrade refuses attention flash" in left and "tiny-mixtral (a mixture" in left
+
+
+def test_what_memtrade_refuses_is_said_and_left_out(config_page):
+    d, (qwen, gemma, moe) = config_page
+    text = (d / "docs" / "atlas.md").read_text()
+    assert re.search(r'^- tiny-gemma2, `attention = flash`: "attention: flash attention .*Gemma 2', text, re.M)
+    assert re.search(r"^- tiny-mixtral, `tensor_parallel = 2`: .*mixture-of-experts", text, re.M)
+    # Gemma 2's own tables have math rows only; the tables of one flash setting run it with math,
+    # marked; its tensor parallelism and the experts' stop at tp 1.
+    sec = text.split("### tiny-gemma2", 1)[1].split("\n### ", 1)[0]
+    head, rows = table(sec, "**Table")
+    assert rows and {r[1] for r in rows} == {"checkpoint 0 · math", "checkpoint 1 · math"}
+    dp_cap = next(l for l in text.splitlines() if l.startswith("**Table") and "per GPU, GiB" in l)
+    head, rows = table(text, dp_cap)
+    assert {r[0] for r in rows} >= {"tiny-gemma2 (math)", "tiny-qwen2", "tiny-mixtral"}
+    assert all(c != "—" for r in rows for c in r[3:])
+    tp_cap = next(l for l in text.splitlines() if l.startswith("**Table") and "throughput" in l)
+    head, rows = table(text, tp_cap)
+    tps = {}
+    for r in rows:
+        tps.setdefault(r[0], set()).add(r[2])
+    assert tps["tiny-gemma2 (math)"] == tps["tiny-mixtral"] == {"1"} and tps["tiny-qwen2"] == {"1", "2"}
+
+
+def test_mixture_of_experts_says_its_routing(config_page, memtrade_bin):
+    d, (qwen, gemma, moe) = config_page
+    text = (d / "docs" / "atlas.md").read_text()
+    assert "**tiny-mixtral is a mixture of experts** (4 experts, top 2 per token, in 3 layers)" in text
+    assert "assumes **balanced routing**" in text
+    # The fit cells of a file's model are `memtrade fit --model-config`'s.
+    sec = text.split("### tiny-mixtral", 1)[1].split("\n### ", 1)[0]
+    cap = next(l for l in sec.splitlines() if l.startswith("**Table") and "largest batch" in l)
+    head, rows = table(sec, cap)
+    (row,) = [r for r in rows if r[0] == "2048" and r[1] == "checkpoint 1 · flash"]
+    out = d / "fit.json"
+    subprocess.run([memtrade_bin, "fit", "--backend", "cuda", "--model-config", str(moe), "--seq-len",
+                    "2048", "--precision", "bf16", "--optimizer", "adamw", "--checkpoint", "1",
+                    "--attention", "flash", "--capacity", "24GiB", "--json", str(out)],
+                   check=True, capture_output=True)
+    (fit,) = json.loads(out.read_text())["rows"]
+    assert int(row[head.index("24GiB card")]) == fit["max_batch"] > 0

@@ -573,3 +573,27 @@ def test_commit_trend_marks_change_points(memtrade_bin, tmp_path, monkeypatch):
     monkeypatch.delenv("MEMTRADE_BIN")
     assert any("Change points not drawn" in n for n in C.history_trend(load.load_history(db), tmp_path,
                                                                          ["png"]).notes)
+
+
+def test_frontier_reads_language_models_in_tokens(tmp_path):
+    """Issue 27: the frontier's axis and table put a language model's throughput in tokens/s and
+    take its front in that unit: seq 16 at 4x the samples/s of seq 64 is as fast, not faster, so
+    the point of more memory at the same tokens/s leaves the front."""
+    def lm(seq, peak, thr, **knobs):
+        p = mk(model="gpt", peak=peak * A.MiB, thr=thr, **knobs)
+        p["config"]["hyper"] = {"seq_len": seq}
+        return p
+    long_ = lm(64, 10, 100.0)                  # 6,400 tok/s
+    short = lm(16, 4, 380.0, seq_len=16)       # 6,080 tok/s: less memory, a little slower
+    ck = lm(64, 12, 90.0, checkpoint="1")      # more memory and slower: never on the front
+    fr = C.frontier([long_, short, ck], {"capacity": None}, tmp_path, ["png"])
+    assert fr.headers[4] == "tok/s" and any("tokens/s for language models" in n for n in fr.notes)
+    assert [r[4] for r in fr.rows] == ["6,080", "6,400"]  # in samples/s seq 16 (380) would rule alone
+    check_image(tmp_path / fr.files[0])
+    # MLP and CNN keep samples/s; a page of both says which unit is which in each cell.
+    mlp = mk(model="mlp", peak=2 * A.MiB, thr=50.0)
+    assert C.frontier([mlp], {"capacity": None}, tmp_path, ["png"]).headers[4] == "samples/s"
+    both = C.frontier([long_, mlp], {"capacity": None}, tmp_path, ["png"])
+    assert both.headers[4] == "throughput"
+    assert {r[1]: r[4] for r in both.rows} == {"gpt": "6,400 tok/s", "mlp": "50 samples/s"}
+    assert A.rate_unit([long_, mlp]) == "tok/s for language models, samples/s for MLP and CNN"
