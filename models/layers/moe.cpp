@@ -107,6 +107,43 @@ void write_host(LayerCtx& c, Tensor& t, const std::vector<float>& v) {
     c.dev.upload(t, nullptr, t.nbytes());
 }
 
+// Index into r.weights (N, k) of expert e's t-th routed row: its token's slot.
+std::size_t weight_slot(const MoeState::Route& r, int e, std::size_t t, int k) {
+  const auto ue = static_cast<std::size_t>(e);
+  return static_cast<std::size_t>(r.rows[ue][t] * k + r.slots[ue][t]);
+}
+
+// expert(x) · routing_weights[top_x, idx, None] on the host: rows [first, first + n_e) of v
+// (C floats each) are expert e's routed rows in order; each is scaled by its routing weight
+// rounded to `t` (hidden_states' dtype).
+void scale_by_routing_weights(std::vector<float>& v, std::int64_t first, std::int64_t C,
+                              const MoeState::Route& r, int e, int k, DType t) {
+  const std::size_t n_e = r.rows[static_cast<std::size_t>(e)].size();
+  for (std::size_t i = 0; i < n_e; ++i) {
+    const float w = round_as(t, r.weights[weight_slot(r, e, i, k)]);
+    float* row = v.data() + (first + static_cast<std::int64_t>(i)) * C;
+    for (std::int64_t j = 0; j < C; ++j) row[j] *= w;
+  }
+}
+
+// That product's backward on the same rows: g holds d(product), y the expert's outputs. Adds
+// d w = Σ_j g·y to dw[slot] and leaves d y = g · w (w rounded to `t`, dout's dtype) in g.
+void routing_product_backward(std::vector<float>& g, const std::vector<float>& y,
+                              std::int64_t first, std::int64_t C, const MoeState::Route& r, int e,
+                              int k, DType t, std::vector<double>& dw) {
+  const std::size_t n_e = r.rows[static_cast<std::size_t>(e)].size();
+  for (std::size_t i = 0; i < n_e; ++i) {
+    const std::size_t slot = weight_slot(r, e, i, k);
+    const std::int64_t at = (first + static_cast<std::int64_t>(i)) * C;
+    double dot = 0.0;
+    for (std::int64_t j = 0; j < C; ++j) {
+      dot += static_cast<double>(g[at + j]) * y[at + j];
+      g[at + j] *= round_as(t, r.weights[slot]);
+    }
+    dw[slot] += dot;
+  }
+}
+
 void upload_rows(LayerCtx& c, Tensor& idx, const std::vector<std::int32_t>& rows) {
   c.dev.upload(idx, rows.data(), rows.size() * sizeof(std::int32_t));
 }
@@ -225,15 +262,11 @@ void experts_forward_ep(LayerCtx& c, const Tensor& inp, Tensor& out, const Moe& 
   {
     std::vector<float> v = read_host(c, back);
     if (c.dev.holds_data()) {
-      std::int64_t i = 0;
-      for (int e = 0; e < m.num_experts; ++e)
-        for (std::size_t t = 0; t < r.rows[static_cast<std::size_t>(e)].size(); ++t, ++i) {
-          const float w = round_as(
-              hidden,
-              r.weights[static_cast<std::size_t>(r.rows[static_cast<std::size_t>(e)][t] * k +
-                                                 r.slots[static_cast<std::size_t>(e)][t])]);
-          for (std::int64_t j = 0; j < C; ++j) v[i * C + j] *= w;
-        }
+      std::int64_t first = 0;  // send order: expert by expert
+      for (int e = 0; e < m.num_experts; ++e) {
+        scale_by_routing_weights(v, first, C, r, e, k, hidden);
+        first += static_cast<std::int64_t>(r.rows[static_cast<std::size_t>(e)].size());
+      }
     }
     write_host(c, scaled, v);
   }
@@ -262,19 +295,11 @@ void experts_backward_ep(LayerCtx& c, const Tensor& dout, Tensor& dinp, std::vec
       std::vector<float> gv = read_host(c, gr);
       const std::vector<float> yv = read_host(c, back);
       if (data) {
-        std::int64_t i = 0;
-        for (int e = 0; e < m.num_experts; ++e)
-          for (std::size_t t = 0; t < r.rows[static_cast<std::size_t>(e)].size(); ++t, ++i) {
-            const std::size_t slot =
-                static_cast<std::size_t>(r.rows[static_cast<std::size_t>(e)][t] * k +
-                                         r.slots[static_cast<std::size_t>(e)][t]);
-            double dot = 0.0;
-            for (std::int64_t j = 0; j < C; ++j) {
-              dot += static_cast<double>(gv[i * C + j]) * yv[i * C + j];
-              gv[i * C + j] *= round_as(dout.dtype(), r.weights[slot]);
-            }
-            dw[slot] += dot;
-          }
+        std::int64_t first = 0;  // send order: expert by expert
+        for (int e = 0; e < m.num_experts; ++e) {
+          routing_product_backward(gv, yv, first, C, r, e, k, dout.dtype(), dw);
+          first += static_cast<std::int64_t>(r.rows[static_cast<std::size_t>(e)].size());
+        }
       }
       write_host(c, dback, gv);
     }
@@ -426,13 +451,7 @@ Tensor moe_forward(LayerCtx& c, Tensor inp, const Moe& m, MoeState& s) {
     Tensor scaled = c.temp({1, n_e, C}, c.out_dtype(Op::add, y.dtype(), hidden));
     {
       std::vector<float> v = read_host(c, y);
-      if (c.dev.holds_data())
-        for (std::int64_t i = 0; i < n_e; ++i) {
-          const float w =
-              round_as(hidden, r.weights[static_cast<std::size_t>(
-                                   rows[i] * k + r.slots[static_cast<std::size_t>(e)][i])]);
-          for (std::int64_t j = 0; j < C; ++j) v[i * C + j] *= w;
-        }
+      if (c.dev.holds_data()) scale_by_routing_weights(v, 0, C, r, e, k, hidden);
       write_host(c, scaled, v);
     }
     c.ops().embedding_backward(&out, nullptr, scaled, idx, true);  // index_add_(0, top_x, ·)
@@ -511,17 +530,7 @@ Tensor moe_backward(LayerCtx& c, const Tensor& dout, const Moe& m, MoeState& s) 
       c.ops().embedding_forward(g, idx, dout, nullptr);
       std::vector<float> gv = read_host(c, g);
       const std::vector<float> yv = read_host(c, y);
-      if (data)
-        for (std::int64_t i = 0; i < n_e; ++i) {
-          const std::size_t slot = static_cast<std::size_t>(
-              rows[i] * k + r.slots[static_cast<std::size_t>(e)][static_cast<std::size_t>(i)]);
-          double dot = 0.0;
-          for (std::int64_t j = 0; j < C; ++j) {
-            dot += static_cast<double>(gv[i * C + j]) * yv[i * C + j];
-            gv[i * C + j] *= round_as(dout.dtype(), r.weights[slot]);
-          }
-          dw[slot] += dot;
-        }
+      if (data) routing_product_backward(gv, yv, 0, C, r, e, k, dout.dtype(), dw);
       write_host(c, dy, gv);
     }
     Tensor dx = mlp_backward(c, dy, m.experts[static_cast<std::size_t>(e)]);  // (n_e, C)

@@ -12,22 +12,13 @@
 #include <fmt/format.h>
 
 #include "fixtures/gate_fixtures.h"
+#include "tests/models/fixtures/tiny_moe.h"
 
 namespace memtrade {
 namespace {
 
-constexpr const char* kMixtral = R"({"architectures": ["MixtralForCausalLM"],
-  "model_type": "mixtral", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
-  "max_position_embeddings": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
-  "sliding_window": null, "output_router_logits": true, "router_aux_loss_coef": 0.02})";
-
-constexpr const char* kQwen2Moe = R"({"architectures": ["Qwen2MoeForCausalLM"],
-  "model_type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
-  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
-  "max_position_embeddings": 32, "num_experts": 6, "num_experts_per_tok": 2,
-  "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24, "mlp_only_layers": [1],
-  "use_sliding_window": false, "output_router_logits": false})";
+using testing::kTinyMixtral;  // tests/models/fixtures/tiny_moe.h
+using testing::kTinyQwen2Moe;
 
 testing::json estimate_points(const std::string& grid, const std::string& routing) {
   const testing::CliResult r =
@@ -38,8 +29,8 @@ testing::json estimate_points(const std::string& grid, const std::string& routin
 
 TEST(EstimateMoe, PredictedIsMeasuredGivenTheRecordedRouting) {
   testing::TempDir dir;
-  testing::write_file(dir.file("mixtral.json"), kMixtral);
-  testing::write_file(dir.file("qwen2moe.json"), kQwen2Moe);
+  testing::write_file(dir.file("mixtral.json"), kTinyMixtral);
+  testing::write_file(dir.file("qwen2moe.json"), kTinyQwen2Moe);
   testing::write_file(dir.file("g.toml"),
                       fmt::format(R"(name = "moe-exact"
 mode = "sweep"
@@ -104,7 +95,7 @@ precision = "fp32"
 
 TEST(EstimateMoe, RoutingFileWithoutHistogramsIsBadInput) {
   testing::TempDir dir;
-  testing::write_file(dir.file("mixtral.json"), kMixtral);
+  testing::write_file(dir.file("mixtral.json"), kTinyMixtral);
   testing::write_file(dir.file("r.json"), R"({"schema": "memtrade.results/1", "meta": {},
   "points": []})");
   const testing::CliResult r =

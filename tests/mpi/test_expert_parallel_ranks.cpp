@@ -38,24 +38,13 @@
 #include "models/families/decoder.h"
 #include "models/model.h"
 #include "models/train/trainer.h"
+#include "tests/models/fixtures/tiny_moe.h"
 
 namespace memtrade {
 namespace {
 
-// A tiny Mixtral (4 experts, top-2, the load-balancing loss on) and a tiny Qwen2-MoE (6 experts,
-// a shared expert, a dense layer, no aux loss), as tests/harness/test_estimate_moe.cpp.
-constexpr const char* kMixtral = R"({"architectures": ["MixtralForCausalLM"],
-  "model_type": "mixtral", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
-  "max_position_embeddings": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
-  "sliding_window": null, "output_router_logits": true, "router_aux_loss_coef": 0.02})";
-
-constexpr const char* kQwen2Moe = R"({"architectures": ["Qwen2MoeForCausalLM"],
-  "model_type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
-  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
-  "max_position_embeddings": 32, "num_experts": 6, "num_experts_per_tok": 2,
-  "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24, "mlp_only_layers": [1],
-  "use_sliding_window": false, "output_router_logits": false})";
+using testing::kTinyMixtral;  // tests/models/fixtures/tiny_moe.h
+using testing::kTinyQwen2Moe;
 
 struct EpCase {
   std::string model;  // "mixtral" or "qwen2moe"
@@ -80,7 +69,7 @@ std::string config_file(const std::string& model) {
   const std::string path =
       fmt::format("{}/memtrade_ep_{}_{}.json", ::testing::TempDir(), model, launched_rank());
   std::FILE* f = std::fopen(path.c_str(), "w");
-  const std::string text = model == "mixtral" ? kMixtral : kQwen2Moe;
+  const std::string text = model == "mixtral" ? kTinyMixtral : kTinyQwen2Moe;
   std::fwrite(text.data(), 1, text.size(), f);
   std::fclose(f);
   return path;
