@@ -370,7 +370,8 @@ AttentionDims check_attention_forward(std::string_view op, const Tensor* out, co
 }
 
 AttentionDims check_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                       const Tensor& att, int n_head, int n_kv_head) {
+                                       const Tensor& att, int n_head, int n_kv_head,
+                                       const Tensor* probs) {
   constexpr std::string_view op = "attention_backward";
   const AttentionDims d = check_qkv(op, qkv, n_head, n_kv_head);
   check_float(op, "dqkv", dqkv);
@@ -379,6 +380,11 @@ AttentionDims check_attention_backward(const Tensor& dqkv, const Tensor& dout, c
   check_shape(op, "dqkv", dqkv, qkv.shape());
   check_shape(op, "dout", dout, {d.b, d.t, d.c});
   check_shape(op, "att", att, {d.b, d.nh, d.t, d.t});
+  if (probs) {
+    check_shape(op, "probs", *probs, att.shape());
+    if (probs->dtype() != DType::F32)
+      fail(op, "probs must be F32 (the fp32 softmax output), got {}", dtype_name(probs->dtype()));
+  }
   return d;
 }
 

@@ -113,9 +113,11 @@ struct AttentionDims {
 // attention_probs). `op` names the caller.
 AttentionDims check_attention_forward(std::string_view op, const Tensor* out, const Tensor& att,
                                       const Tensor& qkv, int n_head, int n_kv_head);
-// dqkv like qkv, dout (B, T, NH·hd), att (B, NH, T, T), all float.
+// dqkv like qkv, dout (B, T, NH·hd), att (B, NH, T, T), all float; probs, when given, F32 and
+// shaped as att.
 AttentionDims check_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                       const Tensor& att, int n_head, int n_kv_head);
+                                       const Tensor& att, int n_head, int n_kv_head,
+                                       const Tensor* probs = nullptr);
 
 // The scores of math attention (kernels/ops.h AttentionScores): scale and softcap finite and
 // >= 0; with softcap > 0 a tanh tensor shaped as att in qkv's dtype, without it none.

@@ -176,7 +176,10 @@ class Ops {
   // backward). With 16-bit qkv the GEMMs run in qkv's dtype, and the rounding follows them: the
   // scaled scores, the probabilities, dP and dS are rounded to qkv's dtype between the GEMMs; att
   // and dout of another dtype are read rounded to it; out and dqkv of another dtype are computed
-  // in it and then converted (two roundings for the other 16-bit dtype).
+  // in it and then converted (two roundings for the other 16-bit dtype). One exception, HF's
+  // softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype): an F32 att with 16-bit qkv receives
+  // the probabilities unrounded (computed in fp32 from the rounded scores), and only the ·V
+  // product reads them rounded to qkv's dtype (the .to()).
   //
   // scores (AttentionScores): the scale and the soft-capping. With softcap > 0, tanh_out (B, NH,
   // T, T) in qkv's dtype receives tanh(s / softcap) of the scaled scores (autograd's saved
@@ -194,10 +197,15 @@ class Ops {
   // backend: dP (NH, T, T) in qkv's dtype (Category::temporaries), reused across sequences.
   // With softcap, tanh_in is the forward's tanh_out: dS of the capped scores times
   // (1 − tanh²), rounded to qkv's dtype, is the raw scores' (same scratch).
+  // probs: the F32 probabilities that att holds rounded (HF's softmax(..., dtype=float32) output,
+  // which autograd saves beside its .to(q.dtype) cast), or nullptr. dV = Pᵀ·dO reads att (the
+  // cast, as the ·V matmul's backward does); dS = P ⊙ (dP − Σ_j P·dP) reads probs when given, so
+  // the softmax's backward sees the unrounded P, as torch's _softmax_backward_data does.
   virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                   const Tensor& att, int n_head, int n_kv_head,
                                   const AttentionScores& scores = {},
-                                  const Tensor* tanh_in = nullptr) = 0;
+                                  const Tensor* tanh_in = nullptr,
+                                  const Tensor* probs = nullptr) = 0;
 
   // flash: fused attention (FlashAttention-2's tiled online softmax) that never materialises a
   // (T, T) tensor: forward keeps only out and lse (B, NH, T) F32, the log-sum-exp of each row's

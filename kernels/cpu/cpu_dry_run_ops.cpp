@@ -150,14 +150,14 @@ class DryRunOps final : public Ops {
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
                           int n_head, int n_kv_head, const AttentionScores&,
-                          const Tensor* tanh_in) override {
+                          const Tensor* tanh_in, const Tensor* probs) override {
     const std::int64_t t = qkv.dim(1), hd = head_dim(qkv, n_head, n_kv_head);
     {  // dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dP ∘ P)), dQ = dS K, dK = dSᵀ Q
       const std::int64_t bh = qkv.dim(0) * n_head;
       const double scores = static_cast<double>(bh * t * t) * dtype_size(qkv.dtype());
       gemm(bh, t, hd, t, qkv.dtype(), nb(att) + nb(dout) + nb(dqkv) / 3.0);
       gemm(bh, t, t, hd, qkv.dtype(), nb(dout) + nb(qkv) / 3.0 + scores);
-      memory(nb(att) + 3 * scores);
+      memory(nb(probs ? *probs : att) + 3 * scores);  // dS reads the fp32 P where given
       if (tanh_in) memory(nb(*tanh_in) + 2 * scores);
       gemm(bh, t, hd, t, qkv.dtype(), scores + nb(qkv) / 3.0 + nb(dqkv) / 3.0);
       gemm(bh, t, hd, t, qkv.dtype(), scores + nb(qkv) / 3.0 + nb(dqkv) / 3.0);
@@ -516,7 +516,9 @@ class DryRunOps final : public Ops {
     cublas(alloc);
     const Category ws = Category::workspace;
     auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, t, hd}, ws);
-    auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {t, t}, ws);
+    // an F32 att of 16-bit qkv keeps fp32 P: the ·V product's rounded copy is scratch
+    auto att_buf = scratch_if(att.dtype() != DType::F32 || qkv.dtype() != DType::F32, alloc,
+                              {t, t}, ws);
     auto out_buf = scratch_if(out && out->dtype() != DType::F32, alloc, {t, hd}, ws);
   }
 };

@@ -24,6 +24,9 @@
 // task, summing their dk and dv in fp32 (in dqkv when it is F32, else in the slice scratch), so the
 // sum's order is fixed and it is rounded once; in parallel, a thread owns whole kv heads across
 // the batch, since dP holds one sequence's heads.
+// An F32 att of 16-bit qkv (HF's softmax(..., dtype=torch.float32)) is written unrounded, and a
+// backward given those fp32 probabilities (`probs`) reads them for the softmax's dS, as autograd
+// does, and att (their 16-bit cast) for dV (kernels/ops.h).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -120,8 +123,11 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int
   const Dims d = check_attention_forward(op, out, att, qkv, n_head, n_kv_head);
   check_attention_scores(op, scores, tanh_out, att, qkv);
   CachingAllocator& alloc = *(out ? out : &att)->allocator();
+  // An F32 att of 16-bit qkv receives fp32 P (HF's softmax(..., dtype=float32)); the ·V product
+  // reads its .to(qkv dtype) copy, rounded in the scratch.
+  const bool fp32_probs = qkv.dtype() != DType::F32 && att.dtype() == DType::F32;
   auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, d.t, d.hd});
-  auto att_buf = scratch_if(att.dtype() != DType::F32, alloc, {d.t, d.t});
+  auto att_buf = scratch_if(att.dtype() != DType::F32 || fp32_probs, alloc, {d.t, d.t});
   auto out_buf = scratch_if(out && out->dtype() != DType::F32, alloc, {d.t, d.hd});
   const float scale = scores.scale_for(d.hd);
   const std::int64_t tt = d.t;
@@ -149,8 +155,9 @@ void attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_head, int
       vec::scale(row, inv, row, n);
       std::fill(row + n, row + tt, 0.0f);  // causal mask: future positions get 0
     }
+    if (fp32_probs) write_f32(att, att_off, tt * tt, p);  // unrounded
     round_to(qkv.dtype(), p, tt * tt);  // CUDA's softmax writes the probabilities in it
-    if (att_buf) write_f32(att, att_off, tt * tt, p);
+    if (att_buf && !fp32_probs) write_f32(att, att_off, tt * tt, p);
     if (!out) return;
     const std::int64_t out_off = b * tt * d.c + d.q_col(h);
     float* o = out_buf ? out_buf->as<float>() : out->as<float>() + out_off;
@@ -191,8 +198,9 @@ void CpuOps::attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_k
 
 void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                 const Tensor& att, int n_head, int n_kv_head,
-                                const AttentionScores& scores, const Tensor* tanh_in) {
-  const Dims d = check_attention_backward(dqkv, dout, qkv, att, n_head, n_kv_head);
+                                const AttentionScores& scores, const Tensor* tanh_in,
+                                const Tensor* probs) {
+  const Dims d = check_attention_backward(dqkv, dout, qkv, att, n_head, n_kv_head, probs);
   check_attention_scores("attention_backward", scores, tanh_in, att, qkv);
   CachingAllocator& alloc = *dqkv.allocator();
   const std::int64_t tt = d.t, hd = d.hd;
@@ -248,8 +256,10 @@ void CpuOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& 
     // keeps dP, then dS, in qkv's dtype: round as it does. (For 16-bit qkv the CPU computes in
     // fp32 scratch, and dP is held only for the shared memory figures: the CPU gate speaks for
     // the GPU.)
+    // The softmax's P: the fp32 one where given (F32, read in place), else att's as dV read it.
+    const float* ps = probs ? probs->as<float>() + att_off : p;
     for (std::int64_t t = 0; t < tt; ++t) {
-      const float* pr = p + t * tt;
+      const float* pr = ps + t * tt;
       float* dr = ds + t * tt;
       round_to(dt, dr, t + 1);
       const auto dot = static_cast<float>(vec::dot(pr, dr, t + 1));

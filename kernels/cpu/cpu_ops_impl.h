@@ -162,7 +162,7 @@ class CpuOps final : public Ops {
                        const AttentionScores& scores = {}, Tensor* tanh_out = nullptr) override;
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
                           int n_head, int n_kv_head, const AttentionScores& scores = {},
-                          const Tensor* tanh_in = nullptr) override;
+                          const Tensor* tanh_in = nullptr, const Tensor* probs = nullptr) override;
   void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
                                int n_kv_head) override;
   void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,

@@ -124,8 +124,10 @@ void launch_softcap_scores(void* s, void* tanh_out, DType t, std::int64_t n, std
 void launch_softcap_scores_backward(void* ds, const void* tanh_in, DType t, std::int64_t n,
                                     cudaStream_t stream);
 // Causal softmax in place over rows of length T (row r is position r % T of its slice);
-// masked entries become exactly 0.
-void launch_causal_softmax(void* att, DType t, std::int64_t rows, std::int64_t len, cudaStream_t s);
+// masked entries become exactly 0. p32 (same rows), when not null, also receives the
+// probabilities unrounded, in fp32.
+void launch_causal_softmax(void* att, DType t, std::int64_t rows, std::int64_t len, cudaStream_t s,
+                           float* p32 = nullptr);
 // In place: dp <- P ⊙ (dP − Σ_j P·dP), masked entries 0; p and dp rows as above.
 void launch_causal_softmax_backward(void* dp, DType dpt, const void* p, DType pt, std::int64_t rows,
                                     std::int64_t len, cudaStream_t s);
@@ -207,7 +209,7 @@ class CudaOps final : public Ops {
                        const AttentionScores& scores = {}, Tensor* tanh_out = nullptr) override;
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
                           int n_head, int n_kv_head, const AttentionScores& scores = {},
-                          const Tensor* tanh_in = nullptr) override;
+                          const Tensor* tanh_in = nullptr, const Tensor* probs = nullptr) override;
   void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
                                int n_kv_head) override;
   void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,

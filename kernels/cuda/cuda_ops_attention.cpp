@@ -14,7 +14,8 @@
 // allocates dP (NH, T, T) in qkv's dtype (Category::temporaries) once and reuses it for every
 // sequence, so both backends make the same allocation sequence outside the workspace. The
 // scaled scores, the probabilities, dP and dS are rounded to qkv's dtype here, and the CPU
-// rounds them at the same places.
+// rounds them at the same places; an F32 att of 16-bit qkv gets the fp32 probabilities, and a
+// backward given them (`probs`) reads them for dS (kernels/ops.h).
 
 #include <cmath>
 
@@ -55,6 +56,9 @@ void CudaOps::attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_
   const DType dt = qkv.dtype();
   const std::int64_t tt = d.t, rep = d.group();
   const float scale = scores.scale_for(d.hd);
+  // An F32 att of 16-bit qkv receives fp32 P (HF's softmax(..., dtype=float32)), written by the
+  // softmax beside the rounded P that the ·V GEMM reads in the scratch (its .to(qkv dtype)).
+  const bool fp32_probs = dt != DType::F32 && att.dtype() == DType::F32;
   AsDTypeOut att_(att, dt, false, stream_);
   for (std::int64_t b = 0; b < d.b; ++b)
     for (std::int64_t r = 0; r < rep; ++r) {
@@ -76,7 +80,8 @@ void CudaOps::attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_
   if (tanh_out)  // soft-capping of the rounded scores, before the softmax
     launch_softcap_scores(att_.data(), tanh_out->data(), dt, d.b * d.nh * tt * tt, tt,
                           scores.softcap, stream_);
-  launch_causal_softmax(att_.data(), dt, d.b * d.nh * tt, tt, stream_);
+  launch_causal_softmax(att_.data(), dt, d.b * d.nh * tt, tt, stream_,
+                        fp32_probs ? static_cast<float*>(att.data()) : nullptr);
   if (out) {
     AsDTypeOut out_(*out, dt, false, stream_);
     for (std::int64_t b = 0; b < d.b; ++b)
@@ -96,7 +101,7 @@ void CudaOps::attention_impl(Tensor* out, Tensor& att, const Tensor& qkv, int n_
       }
     out_.commit();
   }
-  att_.commit();
+  if (!fp32_probs) att_.commit();
 }
 
 void CudaOps::attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head,
@@ -113,9 +118,10 @@ void CudaOps::attention_probs(Tensor& att, const Tensor& qkv, int n_head, int n_
 
 void CudaOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                  const Tensor& att, int n_head, int n_kv_head,
-                                 const AttentionScores& scores, const Tensor* tanh_in) {
+                                 const AttentionScores& scores, const Tensor* tanh_in,
+                                 const Tensor* probs) {
   NvtxRange range("attention_backward");
-  const Dims d = check_attention_backward(dqkv, dout, qkv, att, n_head, n_kv_head);
+  const Dims d = check_attention_backward(dqkv, dout, qkv, att, n_head, n_kv_head, probs);
   check_attention_scores("attention_backward", scores, tanh_in, att, qkv);
   if (d.b == 0 || d.t == 0) return;
   const DType dt = qkv.dtype();
@@ -164,8 +170,13 @@ void CudaOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor&
       }
     }
     // dS = P ⊙ (dP − Σ_j P·dP), in place; the 1/√hd of the scores goes into the GEMMs' alpha.
-    launch_causal_softmax_backward(dp.data(), dt, at(att_.data(), dt, slab), dt, d.nh * tt, tt,
-                                   stream_);
+    // P: the fp32 probabilities where given, else att as dV read it.
+    if (probs)
+      launch_causal_softmax_backward(dp.data(), dt, at(probs->data(), DType::F32, slab),
+                                     DType::F32, d.nh * tt, tt, stream_);
+    else
+      launch_causal_softmax_backward(dp.data(), dt, at(att_.data(), dt, slab), dt, d.nh * tt, tt,
+                                     stream_);
     if (tanh_in)  // soft-capping: dS of the raw scores
       launch_softcap_scores_backward(dp.data(), at(tanh_in->data(), dt, slab), dt, d.nh * tt * tt,
                                      stream_);

@@ -209,9 +209,10 @@ __global__ void softmax_bwd_kernel(TD* dinp, const TG* dout, const TY* out, std:
   }
 }
 
-// Row r is query position t = r % len of its (b, h) slice: keys 0..t are live.
+// Row r is query position t = r % len of its (b, h) slice: keys 0..t are live. p32, when not
+// null, also receives the probabilities unrounded (HF's softmax(..., dtype=torch.float32)).
 template <typename T>
-__global__ void causal_softmax_kernel(T* att, std::int64_t rows, std::int64_t len) {
+__global__ void causal_softmax_kernel(T* att, float* p32, std::int64_t rows, std::int64_t len) {
   const int lane = threadIdx.x % 32;
   MEMTRADE_FOR_WARP_ROWS(r, rows) {
     T* row = att + r * len;
@@ -222,8 +223,11 @@ __global__ void causal_softmax_kernel(T* att, std::int64_t rows, std::int64_t le
     float sum = 0.0f;
     for (std::int64_t j = lane; j <= t; j += 32) sum += expf(to_f(row[j]) - mx);
     const float inv = 1.0f / warp_sum(sum);
-    for (std::int64_t j = lane; j < len; j += 32)
-      row[j] = from_f<T>(j <= t ? expf(to_f(row[j]) - mx) * inv : 0.0f);
+    for (std::int64_t j = lane; j < len; j += 32) {
+      const float p = j <= t ? expf(to_f(row[j]) - mx) * inv : 0.0f;
+      if (p32) p32[r * len + j] = p;
+      row[j] = from_f<T>(p);
+    }
   }
 }
 
@@ -325,12 +329,12 @@ void launch_col_sum(void* dst, DType dt, const void* src, DType st, std::int64_t
 }
 
 void launch_causal_softmax(void* att, DType t, std::int64_t rows, std::int64_t len,
-                           cudaStream_t s) {
+                           cudaStream_t s, float* p32) {
   if (rows == 0 || len == 0) return;
   dispatch_float(t, "attention softmax", [&](auto tag) {
     using T = decltype(tag);
     causal_softmax_kernel<T>
-        <<<grid_for_rows(rows), kThreads, 0, s>>>(static_cast<T*>(att), rows, len);
+        <<<grid_for_rows(rows), kThreads, 0, s>>>(static_cast<T*>(att), p32, rows, len);
     CUDA_CHECK_LAUNCH();
   });
 }

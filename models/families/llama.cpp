@@ -186,6 +186,10 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp, EpSplit ep) : cfg_(std::move
     b.attn.n_head = cfg_.n_head / tp.size;
     b.attn.n_kv_head = cfg_.n_kv_head / tp.size;
     b.attn.rope = cfg_.rope();
+    // Every HF family's eager attention (modeling_llama.py LlamaAttention.forward, and Mistral's,
+    // Qwen2's, Gemma2's, Phi3's, Mixtral's, Qwen2-MoE's alike in 4.46.3): softmax(attn_weights,
+    // dim=-1, dtype=torch.float32).to(query_states.dtype).
+    b.attn.softmax_fp32 = true;
     b.attn.scores.softcap = static_cast<float>(cfg_.attn_softcap);
     if (cfg_.query_pre_attn_scalar > 0)
       b.attn.scores.scale = static_cast<float>(1.0 / std::sqrt(cfg_.query_pre_attn_scalar));

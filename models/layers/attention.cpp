@@ -15,6 +15,12 @@ std::int64_t y_width(std::int64_t qkv_width, const CausalSelfAttention& a) {
   return a.n_head * (qkv_width / (a.n_head + 2 * std::int64_t{a.n_kv_head}));
 }
 
+// The probabilities' dtype: softmax's output dtype, fp32 where the model asks for it.
+DType probs_dtype(const LayerCtx& c, const Tensor& qkv, const CausalSelfAttention& a) {
+  if (a.softmax_fp32 && qkv.dtype() != DType::F32) return DType::F32;
+  return c.out_dtype(Op::softmax, qkv);
+}
+
 // Keeps the probabilities and, where the ·V matmul reads them in another dtype, its cast.
 void keep_probs(LayerCtx& c, Tensor att) {
   Tensor cast;
@@ -129,7 +135,7 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
     const Category att_cat = keep_att ? Category::activations : Category::temporaries;
     Tensor tanh;  // Gemma 2: tanh of the scaled scores, kept with the probabilities
     if (softcap) tanh = Tensor(c.dev.memory(), {B, NH, T, T}, qkv.dtype(), att_cat);
-    Tensor att(c.dev.memory(), {B, NH, T, T}, c.out_dtype(Op::softmax, qkv), att_cat);
+    Tensor att(c.dev.memory(), {B, NH, T, T}, probs_dtype(c, qkv, a), att_cat);
     y = c.act_tensor({B, T, Y}, y_dtype);
     c.ops().attention_forward(y, att, qkv, a.n_head, a.n_kv_head, a.scores,
                               softcap ? &tanh : nullptr);
@@ -169,21 +175,26 @@ Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAtten
   } else {
     const bool softcap = a.scores.softcap > 0.0f;
     Tensor recomputed, recomputed_tanh;  // (B, NH, T, T) when selective
-    const Tensor* att = nullptr;
+    const Tensor* att = nullptr;    // what the ·V matmul read: dV's
+    const Tensor* probs = nullptr;  // the softmax's fp32 output, where it was fp32: dS's
     const Tensor* tanh = nullptr;
     if (c.has("attn.att")) {
       att = &c.get(c.has("attn.att_mm") ? "attn.att_mm" : "attn.att");
+      probs = &c.get("attn.att");
       if (softcap) tanh = &c.get("attn.tanh");
     } else {
       if (softcap) recomputed_tanh = c.temp({B, NH, T, T}, qkv.dtype());
-      recomputed = c.temp({B, NH, T, T}, c.out_dtype(Op::softmax, qkv));
+      recomputed = c.temp({B, NH, T, T}, probs_dtype(c, qkv, a));
       c.ops().attention_probs(recomputed, qkv, a.n_head, a.n_kv_head, a.scores,
                               softcap ? &recomputed_tanh : nullptr);
-      att = &recomputed;
+      att = probs = &recomputed;
       if (softcap) tanh = &recomputed_tanh;
     }
+    // HF's softmax(..., dtype=torch.float32) under 16-bit qkv: autograd's softmax backward reads
+    // its fp32 output (kernels/ops.h attention_backward).
+    if (probs->dtype() != DType::F32 || qkv.dtype() == DType::F32) probs = nullptr;
     dqkv = c.temp({B, T, W}, qkv.dtype());
-    c.ops().attention_backward(dqkv, dy, qkv, *att, a.n_head, a.n_kv_head, a.scores, tanh);
+    c.ops().attention_backward(dqkv, dy, qkv, *att, a.n_head, a.n_kv_head, a.scores, tanh, probs);
     dy.reset();
   }
 

@@ -13,12 +13,14 @@
 //     Ops::attention_probs);
 //   - flash: "attn.lse" (B, NH, T) F32 (backward recomputes the scores from qkv, y and lse);
 //     there is no (T, T) tensor, so selective checkpointing drops nothing here.
-// Under autocast (models/layers/context.h) the math probabilities have softmax's output dtype;
-// where that is not the dtype the ·V matmul reads (torch-cuda: fp32 softmax, 16-bit matmul)
-// autograd keeps them twice, softmax's fp32 output and matmul's 16-bit cast ("attn.att_mm"), and
-// so does this layer. Ops::attention_backward reads one of them for both uses (the 16-bit copy:
-// the op rounds the probabilities to qkv's dtype, so the two hold the same values); the fp32 one
-// is held as PyTorch holds it for SoftmaxBackward. Flash under autocast runs in the 16-bit
+// Under autocast (models/layers/context.h) the math probabilities have softmax's output dtype,
+// and fp32 with 16-bit qkv where the model's code asks for it (softmax_fp32: HF's
+// softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_states.dtype), with or without
+// autocast); where that is not the dtype the ·V matmul reads (torch-cuda: fp32 softmax, 16-bit
+// matmul) autograd keeps them twice, softmax's fp32 output and matmul's 16-bit cast
+// ("attn.att_mm"), and so does this layer. Ops::attention_backward reads each for its use, as
+// autograd does: the 16-bit cast for dV (MmBackward), the fp32 probabilities for dS
+// (SoftmaxBackward). Flash under autocast runs in the 16-bit
 // compute dtype (scaled_dot_product_attention is on PyTorch's lower-precision list) and keeps
 // its lse in fp32. RoPE runs in qkv's dtype (Op::rope: HF rotates the linear's 16-bit output
 // with cos and sin cast to it), so the rotated qkv is saved as the linear's output would be.
@@ -67,6 +69,7 @@ struct CausalSelfAttention {
   std::optional<QkNorm> qk_norm;   // Qwen3: per-head RMSNorm of q and k before the rotation
   AttentionScores scores{};        // Gemma 2: query_pre_attn_scalar's scale, soft-capping
   bool output_saved = false;       // Gemma 2: the output is an activation its post-norm keeps
+  bool softmax_fp32 = false;       // HF's eager attention: fp32 probabilities for 16-bit q, k
 };
 
 // inp (B·T, C), moved in (it is saved as c_attn's input, cast to its input dtype first) ->
