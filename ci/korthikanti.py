@@ -26,7 +26,8 @@ measurement (this script fails otherwise), and the gap to the dropout-free formu
 tensor: the norms' fp32 statistics (LayerNorm mean and rstd, RMSNorm rstd: 4 bytes per token
 each, which the formula leaves out), and for Llama its own layer (grouped-query K and V of
 n_kv_head heads instead of a; SwiGLU's gate, up and product of the intermediate size instead of
-GeLU's 4h input and output).
+GeLU's 4h input and output; the fp32 softmax output HF's eager attention keeps, 4as²b/t, beside
+the 16-bit probabilities).
 """
 import argparse
 import json
@@ -100,6 +101,9 @@ def tensors(hyper, s, b, t, sp):
         "mlp.inp": 2 * local * h,
     }
     if llama:
+        # HF's eager attention: softmax(..., dtype=torch.float32).to(q.dtype); the softmax keeps
+        # its fp32 output for backward beside the 16-bit cast the ·V product keeps.
+        out["attn.att fp32 (HF softmax output)"] = 4 * a * s * s * b // t
         i = hyper["intermediate_size"]
         out.update({"mlp.gate": 2 * n * i // t, "mlp.up": 2 * n * i // t,
                     "mlp.h (down input)": 2 * n * i // t})
@@ -154,6 +158,8 @@ def gap_text(r):
     parts = []
     stats = sum(v for k, v in mine.items() if k.endswith("stats"))
     parts.append(f"norm stats +{mib(stats)}")
+    if "attn.att fp32 (HF softmax output)" in mine:
+        parts.append(f"fp32 softmax +{mib(mine['attn.att fp32 (HF softmax output)'])}")
     if mine["attn.qkv"] != theirs["attn.qkv"]:
         parts.append(f"GQA qkv {mib(mine['attn.qkv'] - theirs['attn.qkv'])}")
     mlp_mine = sum(v for k, v in mine.items() if k.startswith("mlp.") and k != "mlp.inp")
