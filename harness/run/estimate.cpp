@@ -176,7 +176,10 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
                                      static_cast<int>(cfg.expert_parallel)));
   auto* moe = dynamic_cast<MoeRouted*>(model.get());
   if (moe && !moe->moe().enabled()) moe = nullptr;
-  if (moe) moe->moe().routing = routing;
+  if (moe)
+    moe->moe().routing = routing.for_rank(rank, static_cast<int>(cfg.tensor_parallel),
+                                          static_cast<int>(cfg.data_parallel),
+                                          static_cast<int>(cfg.expert_parallel));
   try {
     Trainer trainer(dev, *model, cfg);
     for (int i = 0; i < warmup; ++i) trainer.step();
@@ -204,7 +207,7 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
   if (moe) {
     const MoeState& st = moe->moe();
     e.moe = moe_routing_json(st, cfg.accumulation);
-    e.moe["routing"] = routing.source.empty() ? "balanced" : routing.source;
+    e.moe["routing"] = st.routing.source.empty() ? "balanced" : st.routing.source;
     e.moe["saved_bytes"] = {{"router", st.saved.router},
                             {"dispatch", st.saved.dispatch},
                             {"experts", st.saved.experts},
@@ -241,21 +244,35 @@ MoeRouting moe_routing_from(const std::string& spec, const std::string& point_id
         fmt::format("--moe-routing {}: no point records moe_routing (a run of a "
                     "mixture-of-experts model does)",
                     spec));
-  const nlohmann::json& tpe = found->value("tokens_per_expert", nlohmann::json());
-  try {
-    r.tokens_per_expert = tpe.get<decltype(r.tokens_per_expert)>();
-  } catch (const nlohmann::json::exception&) {
-    throw BadInput(fmt::format(
-        "--moe-routing {}: moe_routing.tokens_per_expert must be [micro-batch][layer][expert] "
-        "counts",
-        spec));
+  // [micro-batch][layer][expert] non-negative counts, not empty, from field `key`.
+  auto histograms = [&](const std::string& key, const nlohmann::json& j) {
+    MoeRouting::Histograms h;
+    try {
+      h = j.get<MoeRouting::Histograms>();
+    } catch (const nlohmann::json::exception&) {
+      throw BadInput(fmt::format(
+          "--moe-routing {}: moe_routing.{} must be [micro-batch][layer][expert] counts", spec,
+          key));
+    }
+    if (h.empty())
+      throw BadInput(fmt::format("--moe-routing {}: moe_routing.{} is empty", spec, key));
+    for (const auto& mb : h)
+      for (const auto& layer : mb)
+        for (std::int64_t v : layer)
+          if (v < 0) throw BadInput(fmt::format("--moe-routing {}: a negative token count", spec));
+    return h;
+  };
+  r.tokens_per_expert =
+      histograms("tokens_per_expert", found->value("tokens_per_expert", nlohmann::json()));
+  // A multi-rank run (results format 1.x, since expert parallelism) records every rank's.
+  if (const auto by = found->find("tokens_per_expert_by_rank"); by != found->end()) {
+    if (!by->is_array() || by->empty())
+      throw BadInput(fmt::format(
+          "--moe-routing {}: moe_routing.tokens_per_expert_by_rank must be one entry per rank",
+          spec));
+    for (const nlohmann::json& one : *by)
+      r.by_world_rank.push_back(histograms("tokens_per_expert_by_rank", one));
   }
-  if (r.tokens_per_expert.empty())
-    throw BadInput(fmt::format("--moe-routing {}: moe_routing.tokens_per_expert is empty", spec));
-  for (const auto& mb : r.tokens_per_expert)
-    for (const auto& layer : mb)
-      for (std::int64_t v : layer)
-        if (v < 0) throw BadInput(fmt::format("--moe-routing {}: a negative token count", spec));
   r.kind = MoeRouting::Kind::measured;
   return r;
 }

@@ -218,8 +218,11 @@ PointRow run_point_row(const PointJob& job) {
     fill_measurement(row, m);
     // A mixture-of-experts model: the last step's expert histograms (layers/moe.h), which
     // `estimate --moe-routing FILE` replays.
-    if (auto* moe = dynamic_cast<MoeRouted*>(model.get()); moe && moe->moe().enabled())
+    if (auto* moe = dynamic_cast<MoeRouted*>(model.get()); moe && moe->moe().enabled()) {
       row.extra["moe_routing"] = moe_routing_json(moe->moe(), cfg.accumulation);
+      if (!m.moe_by_rank.empty())  // several ranks: each one's ([rank][micro-batch][layer][expert])
+        row.extra["moe_routing"]["tokens_per_expert_by_rank"] = m.moe_by_rank;
+    }
     add_prediction(*row.memory);
     if (auto peak = peak_flops(*dev, cfg.precision); peak && m.median_s > 0)
       row.throughput->mfu = m.flops_per_step / m.median_s / *peak;

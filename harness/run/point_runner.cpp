@@ -11,6 +11,7 @@
 
 #include "harness/common/stats.h"
 #include "harness/run/grid.h"
+#include "models/families/decoder.h"
 #include "models/train/trainer.h"
 
 namespace memtrade {
@@ -34,6 +35,37 @@ double process_cpu_seconds() {
   timespec t{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+}  // namespace
+
+namespace {
+
+// Every rank's expert histograms of the last step's `micro_batches` forwards, [rank][micro-batch]
+// [layer][expert]: each rank routes its own tokens, and under expert parallelism the ranks of an
+// ep group decide together what each one's experts receive (a collective: every rank calls it).
+std::vector<MoeRouting::Histograms> every_rank_histograms(Comm& comm, const MoeState& s,
+                                                          std::int64_t micro_batches) {
+  const auto layers = static_cast<std::size_t>(s.layers);
+  const auto experts = static_cast<std::size_t>(s.num_experts);
+  const auto n = static_cast<std::int64_t>(s.history.size());
+  const auto first = static_cast<std::size_t>(std::max<std::int64_t>(0, n - micro_batches));
+  std::vector<std::int64_t> mine;
+  for (std::size_t i = first; i < s.history.size(); ++i)
+    for (const auto& layer : s.history[i]) mine.insert(mine.end(), layer.begin(), layer.end());
+  const std::vector<std::int64_t> all = comm.all_gather_host(mine);
+  const std::size_t mbs = s.history.size() - first;
+  std::vector<MoeRouting::Histograms> out(static_cast<std::size_t>(comm.size()));
+  auto v = all.begin();
+  for (auto& rank : out) {
+    rank.assign(mbs, std::vector<std::vector<std::int64_t>>(layers));
+    for (auto& mb : rank)
+      for (auto& layer : mb) {
+        layer.assign(v, v + static_cast<std::ptrdiff_t>(experts));
+        v += static_cast<std::ptrdiff_t>(experts);
+      }
+  }
+  return out;
 }
 
 }  // namespace
@@ -97,6 +129,8 @@ PointMeasurement run_point(Device& dev, Model& model, const TrainConfig& cfg,
           RankMemory{r, v[0], v[1], breakdown_of(cats),
                      v[2] >= 0 ? std::optional<std::int64_t>(v[2]) : std::nullopt});
     }
+    if (auto* moe = dynamic_cast<MoeRouted*>(&model); moe && moe->moe().enabled())
+      m.moe_by_rank = every_rank_histograms(comm, moe->moe(), cfg.accumulation);
   }
   m.median_s = quantile(m.samples_s, 0.5);
   m.p10_s = quantile(m.samples_s, 0.1);

@@ -41,6 +41,9 @@ struct PointMeasurement {
   // step times above are then the slowest rank's, step by step.
   int rank = 0;
   std::vector<RankMemory> per_rank;
+  // A mixture-of-experts model on several ranks: every rank's expert histograms of the last
+  // measured step, [rank][micro-batch][layer][expert] (empty otherwise).
+  std::vector<std::vector<std::vector<std::vector<std::int64_t>>>> moe_by_rank;
   std::array<std::int64_t, kNumCategories> trace_live_at_start{};      // bytes per category then
   std::vector<CachingAllocator::SegmentInfo> trace_segments_at_start;  // and its segments
 };

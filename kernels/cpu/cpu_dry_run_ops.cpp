@@ -149,8 +149,8 @@ class DryRunOps final : public Ops {
     attention(nullptr, att, qkv, n_head, n_kv_head);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          int n_head, int n_kv_head, const AttentionScores&,
-                          const Tensor* tanh_in, const Tensor* probs) override {
+                          int n_head, int n_kv_head, const AttentionScores&, const Tensor* tanh_in,
+                          const Tensor* probs) override {
     const std::int64_t t = qkv.dim(1), hd = head_dim(qkv, n_head, n_kv_head);
     {  // dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dP ∘ P)), dQ = dS K, dK = dSᵀ Q
       const std::int64_t bh = qkv.dim(0) * n_head;
@@ -517,8 +517,8 @@ class DryRunOps final : public Ops {
     const Category ws = Category::workspace;
     auto qkv_buf = scratch_if(qkv.dtype() != DType::F32, alloc, {3, t, hd}, ws);
     // an F32 att of 16-bit qkv keeps fp32 P: the ·V product's rounded copy is scratch
-    auto att_buf = scratch_if(att.dtype() != DType::F32 || qkv.dtype() != DType::F32, alloc,
-                              {t, t}, ws);
+    auto att_buf =
+        scratch_if(att.dtype() != DType::F32 || qkv.dtype() != DType::F32, alloc, {t, t}, ws);
     auto out_buf = scratch_if(out && out->dtype() != DType::F32, alloc, {t, hd}, ws);
   }
 };

@@ -172,8 +172,8 @@ void CudaOps::attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor&
     // dS = P ⊙ (dP − Σ_j P·dP), in place; the 1/√hd of the scores goes into the GEMMs' alpha.
     // P: the fp32 probabilities where given, else att as dV read it.
     if (probs)
-      launch_causal_softmax_backward(dp.data(), dt, at(probs->data(), DType::F32, slab),
-                                     DType::F32, d.nh * tt, tt, stream_);
+      launch_causal_softmax_backward(dp.data(), dt, at(probs->data(), DType::F32, slab), DType::F32,
+                                     d.nh * tt, tt, stream_);
     else
       launch_causal_softmax_backward(dp.data(), dt, at(att_.data(), dt, slab), dt, d.nh * tt, tt,
                                      stream_);

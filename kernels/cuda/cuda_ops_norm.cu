@@ -328,8 +328,8 @@ void launch_col_sum(void* dst, DType dt, const void* src, DType st, std::int64_t
   });
 }
 
-void launch_causal_softmax(void* att, DType t, std::int64_t rows, std::int64_t len,
-                           cudaStream_t s, float* p32) {
+void launch_causal_softmax(void* att, DType t, std::int64_t rows, std::int64_t len, cudaStream_t s,
+                           float* p32) {
   if (rows == 0 || len == 0) return;
   dispatch_float(t, "attention softmax", [&](auto tag) {
     using T = decltype(tag);

@@ -175,8 +175,8 @@ Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAtten
   } else {
     const bool softcap = a.scores.softcap > 0.0f;
     Tensor recomputed, recomputed_tanh;  // (B, NH, T, T) when selective
-    const Tensor* att = nullptr;    // what the ·V matmul read: dV's
-    const Tensor* probs = nullptr;  // the softmax's fp32 output, where it was fp32: dS's
+    const Tensor* att = nullptr;         // what the ·V matmul read: dV's
+    const Tensor* probs = nullptr;       // the softmax's fp32 output, where it was fp32: dS's
     const Tensor* tanh = nullptr;
     if (c.has("attn.att")) {
       att = &c.get(c.has("attn.att_mm") ? "attn.att_mm" : "attn.att");

@@ -369,6 +369,27 @@ std::vector<std::int64_t> MoeRouting::plan(std::int64_t micro_batch, int layer, 
   return n;
 }
 
+MoeRouting MoeRouting::for_rank(int world_rank, int tp, int dp, int ep) const {
+  MoeRouting r = *this;
+  if (kind != Kind::measured || tp * dp == 1) return r;
+  if (static_cast<int>(by_world_rank.size()) != tp * dp) {
+    r.source += by_world_rank.empty() ? std::string(" (one rank's histograms, for every rank)")
+                                      : fmt::format(
+                                            " (measured on {} ranks, this point has {}: rank 0's "
+                                            "histograms for every rank)",
+                                            by_world_rank.size(), tp * dp);
+    return r;
+  }
+  // Its ep group: the world ranks of the same tp rank and edp rank (kernels/parallel_state.h),
+  // in ep-rank order.
+  const int dp_rank = world_rank / tp, first = dp_rank / ep * ep;
+  r.by_rank.clear();
+  for (int q = 0; q < ep; ++q)
+    r.by_rank.push_back(
+        by_world_rank.at(static_cast<std::size_t>((first + q) * tp + world_rank % tp)));
+  return r;
+}
+
 void MoeState::begin_micro_batch(std::int64_t n) {
   ++micro_batch;
   tokens = n;

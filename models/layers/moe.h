@@ -80,14 +80,23 @@ struct Moe {
 // plan the same histogram for each, measured may hold one per ep rank (by_rank[ep rank], each
 // as tokens_per_expert; empty: tokens_per_expert for every rank).
 struct MoeRouting {
+  using Histograms = std::vector<std::vector<std::vector<std::int64_t>>>;  // [mb][layer][expert]
   enum class Kind { balanced, worst, measured } kind = Kind::balanced;
-  std::vector<std::vector<std::vector<std::int64_t>>> tokens_per_expert{};
-  std::vector<std::vector<std::vector<std::vector<std::int64_t>>>> by_rank{};
+  Histograms tokens_per_expert{};
+  std::vector<Histograms> by_rank{};
+  // A multi-rank run's histograms of every world rank (results' tokens_per_expert_by_rank),
+  // from which for_rank() picks one rank's ep group.
+  std::vector<Histograms> by_world_rank{};
   std::string source{};  // "balanced", "worst" or the file
 
   // The histogram of ep rank `rank`'s tokens.
   std::vector<std::int64_t> plan(std::int64_t micro_batch, int layer, std::int64_t tokens,
                                  int experts, int top_k, int rank = 0) const;
+  // This routing as world rank `world_rank` of tp × dp ranks (ep per group) sees it: where
+  // by_world_rank holds that many ranks, by_rank becomes the histograms of its ep group in
+  // ep-rank order (with ep 1, its own); otherwise it is unchanged (a file measured on another
+  // number of ranks: its rank 0's histograms for every rank, which `source` then says).
+  MoeRouting for_rank(int world_rank, int tp, int dp, int ep) const;
 };
 
 // The routing of the micro-batch in flight, per MoE layer, and the measured histograms. One per

@@ -93,6 +93,69 @@ precision = "fp32"
   EXPECT_GT(differs, 0) << "the routing never changed a peak: the comparison could not fail";
 }
 
+// A run on 2 ranks (mpirun, as `run` launches a multi-rank point) records every rank's histograms
+// (tokens_per_expert_by_rank), and `estimate --moe-routing FILE --rank r` predicts rank r's
+// measured peak and breakdown byte for byte: its own tokens at ep 1, and under expert
+// parallelism (ep 2) every rank's, which decide how many rows r's experts receive. Rank 0's
+// histograms alone (the file without that field, as before it existed) miss some rank.
+TEST(EstimateMoe, EachRankOfATwoRankRunIsPredictedFromItsFile) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("mixtral.json"), kTinyMixtral);
+  testing::write_file(dir.file("qwen2moe.json"), kTinyQwen2Moe);
+  testing::write_file(dir.file("g.toml"),
+                      fmt::format(R"(name = "moe-ranks"
+[run]
+backend = "cpu"
+warmup = 1
+steps = 1
+[axes]
+model_config = ["{0}", "{1}"]
+batch_size = [2]
+seq_len = [16]
+data_parallel = [2]
+expert_parallel = [1, 2]
+sharding = ["none", "zero3"]
+)",
+                                  dir.file("mixtral.json"), dir.file("qwen2moe.json")));
+  const testing::CliResult r =
+      testing::run_cli("run --grid " + dir.file("g.toml") + " --quiet --out " + dir.file("r.json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto results = testing::json::parse(testing::read_file(dir.file("r.json")));
+  ASSERT_EQ(results["points"].size(), 8u);
+  // The same file without every rank's histograms.
+  testing::json old = results;
+  for (auto& p : old["points"]) p["moe_routing"].erase("tokens_per_expert_by_rank");
+  testing::write_file(dir.file("old.json"), old.dump());
+  int misses = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::map<std::string, testing::json> by_file, by_old;
+    const std::string flags = fmt::format(" --rank {}", rank);
+    for (const auto& p : estimate_points(dir.file("g.toml") + flags, dir.file("r.json")))
+      by_file[p["id"]] = p;
+    for (const auto& p : estimate_points(dir.file("g.toml") + flags, dir.file("old.json")))
+      by_old[p["id"]] = p;
+    for (const auto& p : results["points"]) {
+      const std::string id = p["id"];
+      SCOPED_TRACE(fmt::format("{} rank {}", id, rank));
+      ASSERT_EQ(p["status"], "ok") << p["error"];
+      const auto& by = p["moe_routing"]["tokens_per_expert_by_rank"];
+      ASSERT_EQ(by.size(), 2u);
+      EXPECT_EQ(by[0], p["moe_routing"]["tokens_per_expert"]);
+      const auto& measured = p["memory"]["per_rank"][rank];
+      const auto& e = by_file.at(id);
+      EXPECT_EQ(e["moe"]["tokens_per_expert"], by[rank]);
+      EXPECT_EQ(e["peak_allocated"], measured["peak_allocated"]);
+      EXPECT_EQ(e["breakdown_at_peak"], measured["breakdown_at_peak"]);
+      const auto& o = by_old.at(id);
+      EXPECT_NE(o["moe"]["routing"].get<std::string>().find("one rank's histograms"),
+                std::string::npos)
+          << o["moe"]["routing"];
+      misses += o["peak_allocated"] != measured["peak_allocated"];
+    }
+  }
+  EXPECT_GT(misses, 0) << "rank 0's histograms predicted every rank: the test could not fail";
+}
+
 TEST(EstimateMoe, RoutingFileWithoutHistogramsIsBadInput) {
   testing::TempDir dir;
   testing::write_file(dir.file("mixtral.json"), kTinyMixtral);

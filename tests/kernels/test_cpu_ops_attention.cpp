@@ -133,16 +133,26 @@ TEST_F(OpsTest, AttentionFp32ProbsOfBf16Qkv) {
   EXPECT_NE(p32, quantize(p32, lp)) << "F32 att holds the unrounded probabilities";
 
   // The reference, per (b, h), with the probabilities the dS reads: fp32 or rounded.
-  auto r16 = [&](double x) { return static_cast<double>(quantize({static_cast<float>(x)}, lp)[0]); };
+  auto r16 = [&](double x) {
+    return static_cast<double>(quantize({static_cast<float>(x)}, lp)[0]);
+  };
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   auto reference = [&](bool fp32_p) {
     Vec dq(b * t * 3 * c, 0.0);
     for (int bb = 0; bb < b; ++bb)
       for (int h = 0; h < nh; ++h) {
-        auto q = [&](int i, int d) { return static_cast<double>(qkv[(bb * t + i) * 3 * c + h * hd + d]); };
-        auto k = [&](int i, int d) { return static_cast<double>(qkv[(bb * t + i) * 3 * c + c + h * hd + d]); };
-        auto v = [&](int i, int d) { return static_cast<double>(qkv[(bb * t + i) * 3 * c + 2 * c + h * hd + d]); };
-        auto go = [&](int i, int d) { return static_cast<double>(dov[(bb * t + i) * c + h * hd + d]); };
+        auto q = [&](int i, int d) {
+          return static_cast<double>(qkv[(bb * t + i) * 3 * c + h * hd + d]);
+        };
+        auto k = [&](int i, int d) {
+          return static_cast<double>(qkv[(bb * t + i) * 3 * c + c + h * hd + d]);
+        };
+        auto v = [&](int i, int d) {
+          return static_cast<double>(qkv[(bb * t + i) * 3 * c + 2 * c + h * hd + d]);
+        };
+        auto go = [&](int i, int d) {
+          return static_cast<double>(dov[(bb * t + i) * c + h * hd + d]);
+        };
         const std::size_t slab = static_cast<std::size_t>((bb * nh + h) * t * t);
         std::vector<double> ds(t * t, 0.0);
         for (int i = 0; i < t; ++i) {
@@ -189,9 +199,10 @@ TEST_F(OpsTest, AttentionFp32ProbsOfBf16Qkv) {
   const double e_with = rel_l2(get(with), ref), e_without = rel_l2(get(without), ref);
   const double e_rounded = rel_l2(get(without), ref_rounded);
   RecordProperty("fp32_probs_err_eps", std::to_string(e_with / eps));
-  std::printf("fp32 P: %.4f·eps from the reference; rounded P: %.4f·eps from it (%.4f·eps from "
-              "its own reference)\n",
-              e_with / eps, e_without / eps, e_rounded / eps);
+  std::printf(
+      "fp32 P: %.4f·eps from the reference; rounded P: %.4f·eps from it (%.4f·eps from "
+      "its own reference)\n",
+      e_with / eps, e_without / eps, e_rounded / eps);
   EXPECT_LT(e_with, 0.05 * eps);
   EXPECT_LT(e_rounded, 0.05 * eps);  // the reference is right about the old contract too
   EXPECT_GT(e_without, 4 * e_with);  // and the two contracts differ measurably
