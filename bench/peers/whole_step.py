@@ -249,19 +249,23 @@ the last columns take out the one whole fp32 state that torch 1.13's `_multi_ten
 2.x's (memtrade's transcription) does not, from PyTorch's peak inside `optimizer.step()`
 (tests/python/test_optimizer_impl.py proves that difference exactly).
 
-memtrade's backward holds what eager autograd holds where it matters for these peaks: the loss
+memtrade's backward holds what eager autograd holds where it decides these peaks: the loss
 backward holds log_softmax + nll_loss backward's three (N, V) buffers; the GPT MLP frees each
 saved tensor once the op that reads it has run its backward; a linear frees its saved weight
 cast and its incoming gradient's cast before the weight's gradient goes through ToCopyBackward.
-The gaps left, by cause:
+Every gpt-tiny row at b8 is within 1%. The gaps left, by cause:
 - mlp-tiny and cnn-tiny: memtrade's stem keeps a copy of the staged batch (1,024 B and
   24,576 B at b8, category activations), which PyTorch's first layer saves in place, made before
-  the step; the CNN's backward also holds more than eager's convolution backward, not yet traced
-  op by op;
+  the step (mlp-tiny SGD: +3.51%, exactly that copy and the loss's 20 B); under bf16 also the
+  order in which the first layer's saved input cast and incoming gradient are freed;
+- cnn-tiny: PyTorch's oneDNN convolutions keep reorder buffers in the allocator (all the more in
+  bf16), where memtrade's CPU convolution stages in `workspace`, left out here; its backward is
+  not yet traced op by op;
+- accumulation (the b1 × a2 rows): memtrade adds a micro-batch's weight gradient into the
+  existing one inside the GEMM (beta = 1), eager computes it into a fresh buffer that
+  AccumulateGrad then adds in: one weight gradient more at a time in PyTorch;
 - llama-tiny: the twin is HF's eager code, which keeps more than memtrade's fused Llama layers
-  (the Llama section above);
-- mlp-tiny bf16: the input copy again, and the order in which the first layer's saved input cast
-  and incoming gradient are freed."""
+  (the Llama section above), and memtrade's Llama MLP still frees its saved tensors per block."""
 
 
 def write_markdown(path, rows, command):
