@@ -263,7 +263,9 @@ Every gpt-tiny row at b8 is within 1%. The gaps left, by cause:
   not yet traced op by op;
 - accumulation (the b1 × a2 rows): memtrade adds a micro-batch's weight gradient into the
   existing one inside the GEMM (beta = 1), eager computes it into a fresh buffer that
-  AccumulateGrad then adds in: one weight gradient more at a time in PyTorch;
+  AccumulateGrad then adds in, and holds a tied head's gradient of wte in its input buffer until
+  the embedding's arrives (gpt-tiny's PyTorch peak, in the second micro-batch's mlp.c_proj
+  backward, holds both: 65,536 B each; memtrade's peak is the loss backward's);
 - llama-tiny: the twin is HF's eager code, which keeps more than memtrade's fused Llama layers
   (the Llama section above), and memtrade's Llama MLP still frees its saved tensors per block."""
 
