@@ -22,13 +22,20 @@ import torch.utils.checkpoint
 # Told every checkpoint's inputs (what a non-reentrant checkpoint keeps through its closure, and
 # no saved-tensor hook sees): set by plan_forward for the duration of a forward.
 _on_checkpoint = None
+# torch.utils.checkpoint's preserve_rng_state (its default, True: each checkpoint stashes the CPU
+# RNG state, torch.get_rng_state(), 5056 B in 1.13). The twins draw no random numbers (no
+# dropout), so the recompute is the same either way; a caller that counts device memory on the
+# CPU turns it off, because on CUDA that state is host memory, which max_memory_allocated()
+# never sees (bench/peers/whole_step.py).
+preserve_rng_state = True
 
 
 def checkpoint(label, fn, *args):
     """torch.utils.checkpoint (non-reentrant) of fn(*args), reported to the observer."""
     if _on_checkpoint is not None:
         _on_checkpoint(label, *args)
-    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False,
+                                             preserve_rng_state=preserve_rng_state)
 
 
 class CausalSelfAttention(nn.Module):

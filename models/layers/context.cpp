@@ -85,6 +85,11 @@ const Tensor& LayerCtx::op_weight(Op op, ParamIndex index, bool kept) {
   return *cast;  // the cache holds it until the autocast region ends
 }
 
+void LayerCtx::release_weight_cast(ParamIndex index) {
+  const std::string key = cast_key(index);
+  if (has(key)) saved.unshare(segment, key);
+}
+
 Tensor LayerCtx::grad_as(Tensor g, DType dtype) {
   Tensor holder;
   grad_as(g, dtype, holder);

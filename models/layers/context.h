@@ -104,6 +104,10 @@ struct LayerCtx {
   const Tensor& op_weight(Op op, ParamIndex index, bool kept = true);
   // The dtype op_weight gives, without making anything.
   DType weight_dtype(Op op, ParamIndex index);
+  // Backward is done with the weight's cast that this segment kept (a no-op where it kept
+  // none): autograd frees the cast an op saved once that op's backward has run, before the
+  // weight's gradient goes on to ToCopyBackward and AccumulateGrad.
+  void release_weight_cast(ParamIndex index);
 
   // A gradient in `dtype`, the dtype of the tensor it belongs to: `g` itself, or its cast (a
   // temporary; the gradient of autocast's cast of that tensor), and then `g` is freed.

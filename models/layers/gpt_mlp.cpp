@@ -29,22 +29,31 @@ Tensor mlp_forward(LayerCtx& c, Tensor inp, const GptMlp& m) {
 
 Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const GptMlp& m) {
   ScopedRange scope(c.dev, "mlp");  // names the trace's allocations
-  const Tensor& g = c.get("mlp.g");
-  const Tensor& inp = c.get("mlp.inp");
-  Tensor dg = c.temp_like(g);
-  row_parallel_backward(c, &dg, dout, g, m.c_proj);
+  // Each saved tensor is freed as soon as the last op that reads it has run its backward, as
+  // autograd releases a node's saved variables once the node has run: the gelu output after
+  // c_proj's, the c_fc output after gelu's, the input after c_fc's.
+  Tensor dg;
+  {
+    Tensor g = c.saved.take(c.segment, "mlp.g");
+    dg = c.temp_like(g);
+    row_parallel_backward(c, &dg, dout, g, m.c_proj);
+  }
+  Tensor dh;
+  {
+    Tensor h = c.saved.take(c.segment, "mlp.h");
+    dh = c.temp_like(h);
+    c.ops().gelu_backward(dh, dg, h);
+    dg.reset();
+  }
 
-  const Tensor& h = c.get("mlp.h");
-  Tensor dh = c.temp_like(h);
-  c.ops().gelu_backward(dh, dg, h);
-  dg.reset();
-
+  Tensor inp = c.saved.take(c.segment, "mlp.inp");
   Tensor gathered;
   const Tensor& x = enter_column_parallel(c, inp, gathered, Category::temporaries);
   Tensor dinp = c.temp_like(x);
   linear_backward(c, &dinp, dh, x, m.c_fc);
   gathered.reset();
   dh.reset();
+  inp.reset();
   return enter_column_parallel_grad(c, std::move(dinp));
 }
 

@@ -15,6 +15,9 @@ void linear_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const Linear& l
 void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Tensor& inp,
                      const Linear& l) {
   ScopedRange scope(c.dev, "linear");  // names the trace's allocations
+  // Once the GEMMs have run, autograd frees the node's saved cast of the weight and the cast
+  // of the incoming gradient (its input buffer) before the weight's gradient goes on through
+  // ToCopyBackward (ParamGrad::finish): so do these.
   Tensor dout_cast;
   const Tensor& dout = c.grad_as(dout_in, c.out_dtype(Op::linear, inp), dout_cast);
   // The weight only matters for dinp (without it, the op reads just its shape).
@@ -22,6 +25,8 @@ void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Ten
   ParamGrad gw(c, l.weight, c.weight_dtype(Op::linear, l.weight));
   if (l.bias < 0) {
     c.ops().linear_backward(dinp, &gw.t(), nullptr, dout, inp, w, gw.accumulate());
+    if (dinp) c.release_weight_cast(l.weight);
+    dout_cast.reset();
     gw.finish();
     return;
   }
@@ -32,6 +37,8 @@ void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Ten
     c.ops().linear_backward(dinp, &gw.t(), nullptr, dout, inp, w, gw.accumulate());
     c.ops().linear_backward(nullptr, nullptr, &gb.t(), dout, inp, w, gb.accumulate());
   }
+  if (dinp) c.release_weight_cast(l.weight);
+  dout_cast.reset();
   gw.finish();
   gb.finish();
 }

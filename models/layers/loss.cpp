@@ -22,9 +22,18 @@ Tensor crossentropy_loss_forward(LayerCtx& c, Tensor logits, const Tensor& targe
 Tensor crossentropy_loss_backward(LayerCtx& c, float dloss, DType logits_dtype) {
   ScopedRange scope(c.dev, "cross_entropy");          // names the trace's allocations
   Tensor logits = c.saved.take(c.segment, "logits");  // (N, V)
+  // Eager PyTorch runs F.cross_entropy as log_softmax + nll_loss, and its backward holds three
+  // (N, V) buffers at once: the saved log_softmax output, NllLossBackward's gradient (at::zeros,
+  // then −dloss at each target) and LogSoftmaxBackward's. The fused kernel below computes the
+  // same dlogits from the logits alone; the zeroed buffer is NllLossBackward's, held (and
+  // written, the memset eager makes) until LogSoftmaxBackward is done, so that the step's
+  // memory is eager's. The N target entries it would then receive are folded into the kernel.
+  Tensor dnll = c.temp_like(logits);
+  c.ops().fill(dnll, 0.0f);
   Tensor dlogits = c.temp_like(logits);
   c.ops().crossentropy_backward(dlogits, logits, c.get("targets"), dloss);
   logits.reset();
+  dnll.reset();
   return c.grad_as(std::move(dlogits), logits_dtype);
 }
 

@@ -97,6 +97,13 @@ Tensor SavedTensors::take(int segment, std::string_view key) {
   return t;
 }
 
+void SavedTensors::unshare(int segment, std::string_view key) {
+  const Entry* e = find(segment, key);
+  if (e == nullptr || !e->shared)
+    throw std::logic_error(fmt::format("SavedTensors: {}/{} is not shared", segment, key));
+  entries_.remove_if([&](const Entry& x) { return x.segment == segment && x.key == key; });
+}
+
 void SavedTensors::flush() {
   if (pending_.empty()) return;
   // The sources go back to the allocator now; whatever reuses their bytes runs on the compute

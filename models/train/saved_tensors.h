@@ -55,6 +55,9 @@ class SavedTensors {
   // when absent or still on the host.
   Tensor& get(int segment, std::string_view key);
   Tensor take(int segment, std::string_view key);  // moves it out of the store
+  // Lets go of a share()d tensor (its bytes are freed when the other owner has let go too):
+  // what autograd does with a node's saved variables once the node has run.
+  void unshare(int segment, std::string_view key);
 
   // Waits for the offload copies issued so far and frees their device sources.
   void flush();

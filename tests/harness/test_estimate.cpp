@@ -76,7 +76,9 @@ TEST(EstimateCuda, TheGpusGenerationSizesCublas) {
 }
 
 TEST(EstimateCuda, SixteenBitAndConvNeedNoCpuWorkspace) {
-  for (const char* model : {"gpt-tiny", "mlp-tiny", "cnn-tiny"}) {
+  // gpt-tiny with a 64-token vocabulary: at 256 its loss backward, which holds eager's three
+  // (N, V) buffers and no GEMM operand, is the peak.
+  for (const char* model : {"gpt-tiny:vocab_size=64", "mlp-tiny", "cnn-tiny"}) {
     TrainConfig cfg = config(model, Precision::bf16);
     // The peak in backward, where the workspace is: foreach's temporaries make mlp-tiny's
     // optimizer step its peak.
@@ -136,6 +138,10 @@ TEST(EstimateCuda, Llama3_8bAt4096TokensHoldsTwoCublasWorkspacesAtItsPeak) {
 // regenerated with the new axis among the covered pairs: the second deliberate change. When the
 // CUDA target took PyTorch's CUDA workspaces (kernels/torch_workspace.h), its 92 CUDA points
 // were regenerated (each gains `workspace`); the 59 CPU points stayed byte for byte: the third.
+// When backward came to hold what eager autograd holds (the loss backward's three (N, V)
+// buffers; the GPT MLP's saved tensors, a linear's saved weight cast and its incoming gradient's
+// cast freed once the op's backward has run), the 26 points whose peak that moves (9 CPU, 17
+// CUDA; from −263,168 B to +1,048,576 B) were regenerated: the fourth.
 TEST(EstimateFixture, EveryFigureIsAsRecorded) {
   const auto fixture = testing::json::parse(testing::read_file(
       std::string(MEMTRADE_SOURCE_DIR) + "/tests/harness/fixtures/estimate_fixture.json"));

@@ -141,6 +141,9 @@ TEST(MemoryPhysics, CheckpointingLowersActivationPeak) {
 
 TEST(MemoryPhysics, EvalHasNoGradsNorOptimizerState) {
   TrainConfig cfg = base_config("gpt-tiny", 8);
+  // Gradients resident through the step: with set_to_none training's peak is the loss backward
+  // (its three (N, V) buffers), before any gradient exists, as in eager PyTorch.
+  cfg.zero_grad = ZeroGrad::zero;
   const Peak train = steady_peak(cfg);
   cfg.mode = Mode::eval;
   const Peak eval = steady_peak(cfg);
