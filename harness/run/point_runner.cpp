@@ -184,9 +184,15 @@ int run_point_and_print(Device& dev, Model& model, const TrainConfig& cfg,
   PointMeasurement m = run_point(dev, model, cfg, options);
   if (m.rank != 0) return std::isfinite(m.loss_last) ? 0 : 1;  // rank 0 speaks for the ranks
   fmt::print("{} on {}\n", model.name(), dev.name());
-  if (!m.per_rank.empty())
-    fmt::print("  ranks        {} (data parallel, sharding {})\n", m.per_rank.size(),
+  if (!m.per_rank.empty()) {  // every parallel dimension the ranks split over
+    std::string split = fmt::format("dp {}", cfg.data_parallel);
+    if (cfg.tensor_parallel > 1)
+      split = fmt::format("tp {}{} × {}", cfg.tensor_parallel,
+                          cfg.sequence_parallel == SequenceParallel::on ? " (sequence parallel)" : "", split);
+    if (cfg.expert_parallel > 1) split += fmt::format(", ep {}", cfg.expert_parallel);
+    fmt::print("  ranks        {} ({}, sharding {})\n", m.per_rank.size(), split,
                sharding_name(cfg.sharding));
+  }
   fmt::print("  config       batch {} x {}, {}, checkpoint {}, {}, offload {}, {}\n",
              cfg.batch_size, cfg.accumulation, precision_name(cfg.precision), cfg.checkpoint.str(),
              optimizer_name(cfg.optimizer), offload_name(cfg.offload), mode_name(cfg.mode));
