@@ -187,8 +187,9 @@ int run_point_and_print(Device& dev, Model& model, const TrainConfig& cfg,
   if (!m.per_rank.empty()) {  // every parallel dimension the ranks split over
     std::string split = fmt::format("dp {}", cfg.data_parallel);
     if (cfg.tensor_parallel > 1)
-      split = fmt::format("tp {}{} × {}", cfg.tensor_parallel,
-                          cfg.sequence_parallel == SequenceParallel::on ? " (sequence parallel)" : "", split);
+      split = fmt::format(
+          "tp {}{} × {}", cfg.tensor_parallel,
+          cfg.sequence_parallel == SequenceParallel::on ? " (sequence parallel)" : "", split);
     if (cfg.expert_parallel > 1) split += fmt::format(", ep {}", cfg.expert_parallel);
     fmt::print("  ranks        {} ({}, sharding {})\n", m.per_rank.size(), split,
                sharding_name(cfg.sharding));
