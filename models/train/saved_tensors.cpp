@@ -16,7 +16,7 @@ SavedTensors::~SavedTensors() {
   // Copies in flight still read their sources: wait before the Tensors free them. A destructor
   // must not throw (std::terminate): after a sticky CUDA error the sync fails, and the error that
   // caused the unwinding is the one worth reporting.
-  if (pending_.empty() && entries_.empty()) return;
+  if (pending_.empty() && segments_.empty()) return;
   try {
     dev_.synchronize(StreamKind::copy);
   } catch (const std::exception& e) {
@@ -26,15 +26,33 @@ SavedTensors::~SavedTensors() {
 }
 
 SavedTensors::Entry* SavedTensors::find(int segment, std::string_view key) {
-  for (auto& e : entries_)
-    if (e.segment == segment && e.key == key) return &e;
-  return nullptr;
+  auto s = segments_.find(segment);
+  if (s == segments_.end()) return nullptr;
+  auto it = s->second.index.find(key);
+  return it == s->second.index.end() ? nullptr : &*it->second;
 }
 
 const SavedTensors::Entry* SavedTensors::find(int segment, std::string_view key) const {
-  for (const auto& e : entries_)
-    if (e.segment == segment && e.key == key) return &e;
-  return nullptr;
+  auto s = segments_.find(segment);
+  if (s == segments_.end()) return nullptr;
+  auto it = s->second.index.find(key);
+  return it == s->second.index.end() ? nullptr : &*it->second;
+}
+
+void SavedTensors::add(Entry e) {
+  Segment& s = segments_[e.segment];
+  s.entries.push_back(std::move(e));
+  s.index.emplace(s.entries.back().key, std::prev(s.entries.end()));
+}
+
+void SavedTensors::erase(int segment, std::string_view key) {
+  auto s = segments_.find(segment);
+  if (s == segments_.end()) return;
+  auto it = s->second.index.find(key);
+  if (it == s->second.index.end()) return;
+  s->second.entries.erase(it->second);
+  s->second.index.erase(it);
+  if (s->second.entries.empty()) segments_.erase(s);
 }
 
 void SavedTensors::save(int segment, std::string_view key, Tensor t) {
@@ -55,7 +73,7 @@ void SavedTensors::save(int segment, std::string_view key, Tensor t) {
   } else {
     e.dev = std::move(t);
   }
-  entries_.push_back(std::move(e));
+  add(std::move(e));
 }
 
 void SavedTensors::share(int segment, std::string_view key, std::shared_ptr<Tensor> t) {
@@ -64,7 +82,7 @@ void SavedTensors::share(int segment, std::string_view key, std::shared_ptr<Tens
         fmt::format("SavedTensors: sharing undefined tensor {}/{}", segment, key));
   if (find(segment, key) != nullptr)
     throw std::logic_error(fmt::format("SavedTensors: {}/{} saved twice", segment, key));
-  entries_.push_back(Entry{segment, std::string(key), {}, {}, std::move(t)});
+  add(Entry{segment, std::string(key), {}, {}, std::move(t)});
 }
 
 bool SavedTensors::has(int segment, std::string_view key) const {
@@ -87,13 +105,8 @@ Tensor SavedTensors::take(int segment, std::string_view key) {
   if (e != nullptr && e->shared)
     throw std::logic_error(fmt::format("SavedTensors: {}/{} is shared, not taken", segment, key));
   Tensor t = std::move(get(segment, key));
-  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->segment == segment && it->key == key) {
-      if (it->host.defined()) dev_.synchronize(StreamKind::copy);  // H2D may still read it
-      entries_.erase(it);
-      break;
-    }
-  }
+  if (find(segment, key)->host.defined()) dev_.synchronize(StreamKind::copy);  // H2D may read it
+  erase(segment, key);
   return t;
 }
 
@@ -101,7 +114,7 @@ void SavedTensors::unshare(int segment, std::string_view key) {
   const Entry* e = find(segment, key);
   if (e == nullptr || !e->shared)
     throw std::logic_error(fmt::format("SavedTensors: {}/{} is not shared", segment, key));
-  entries_.remove_if([&](const Entry& x) { return x.segment == segment && x.key == key; });
+  erase(segment, key);
 }
 
 void SavedTensors::flush() {
@@ -116,9 +129,11 @@ void SavedTensors::flush() {
 void SavedTensors::prefetch(int segment) {
   if (arrivals_.contains(segment)) return;
   ScopedRange range(dev_, "prefetch");
+  auto s = segments_.find(segment);
+  if (s == segments_.end()) return;
   bool issued = false;
-  for (auto& e : entries_) {
-    if (e.segment != segment || e.dev.defined() || e.shared) continue;
+  for (auto& e : s->second.entries) {
+    if (e.dev.defined() || e.shared) continue;
     if (!issued) {
       // The destination may be memory the compute stream freed a moment ago: let it finish.
       produced_->record(StreamKind::compute);
@@ -148,31 +163,34 @@ void SavedTensors::release(int segment) {
     arrivals_.erase(it);
   } else {
     bool host = false;  // never fetched: its forward copies may still be writing them
-    for (const auto& e : entries_) host = host || (e.segment == segment && e.host.defined());
+    if (auto s = segments_.find(segment); s != segments_.end())
+      for (const auto& e : s->second.entries) host = host || e.host.defined();
     if (host) dev_.synchronize(StreamKind::copy);
   }
-  entries_.remove_if([segment](const Entry& e) { return e.segment == segment; });
+  segments_.erase(segment);  // its entries freed in the order they were saved
 }
 
 void SavedTensors::clear() {
-  if (!pending_.empty() || !entries_.empty()) dev_.synchronize(StreamKind::copy);
+  if (!pending_.empty() || !segments_.empty()) dev_.synchronize(StreamKind::copy);
   pending_.clear();
-  entries_.clear();
+  segments_.clear();
   arrivals_.clear();
 }
 
 std::int64_t SavedTensors::device_bytes() const {
   std::int64_t n = 0;
-  for (const auto& e : entries_)
-    if (e.dev.defined()) n += static_cast<std::int64_t>(e.dev.nbytes());
+  for (const auto& [_, s] : segments_)
+    for (const auto& e : s.entries)
+      if (e.dev.defined()) n += static_cast<std::int64_t>(e.dev.nbytes());
   for (const auto& t : pending_) n += static_cast<std::int64_t>(t.nbytes());
   return n;
 }
 
 std::int64_t SavedTensors::host_bytes() const {
   std::int64_t n = 0;
-  for (const auto& e : entries_)
-    if (e.host.defined()) n += static_cast<std::int64_t>(e.host.nbytes());
+  for (const auto& [_, s] : segments_)
+    for (const auto& e : s.entries)
+      if (e.host.defined()) n += static_cast<std::int64_t>(e.host.nbytes());
   return n;
 }
 
