@@ -28,8 +28,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
+#include <set>
 #include <string>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -67,13 +71,23 @@ std::string case_name(const ::testing::TestParamInfo<EpCase>& info) {
 }
 
 std::string config_file(const std::string& model) {
-  // Each rank writes its own copy (the ranks may share a file system, and need not).
-  const std::string path =
-      fmt::format("{}/memtrade_ep_{}_{}.json", ::testing::TempDir(), model, launched_rank());
+  // Each rank writes its own copy (the ranks may share a file system, and need not), named by
+  // its process: ctest runs the 2- and 4-rank jobs at once, and a rank that read another job's
+  // half-written file threw while its peers waited in a collective until the timeout.
+  const std::string path = fmt::format("{}/memtrade_ep_{}_{}_{}.json", ::testing::TempDir(), model,
+                                       launched_rank(), getpid());
   std::FILE* f = std::fopen(path.c_str(), "w");
   const std::string text = model == "mixtral" ? kTinyMixtral : kTinyQwen2Moe;
   std::fwrite(text.data(), 1, text.size(), f);
   std::fclose(f);
+  struct Written {  // removed when the process exits
+    std::set<std::string> paths;
+    ~Written() {
+      for (const std::string& p : paths) std::remove(p.c_str());
+    }
+  };
+  static Written written;
+  written.paths.insert(path);
   return path;
 }
 
