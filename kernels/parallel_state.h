@@ -23,6 +23,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "kernels/comm.h"
 #include "kernels/device.h"
@@ -55,6 +56,13 @@ inline int tp_rank_of(int world_rank, int tp) {
 // The ep rank of world rank `rank`: which experts its model holds (make_model).
 inline int ep_rank_of(int world_rank, int tp, int ep) {
   return (world_rank / tp) % ep;
+}
+// The world ranks of `world_rank`'s ep group, in ep-rank order: the same tp rank and edp rank.
+inline std::vector<int> ep_group_of(int world_rank, int tp, int ep) {
+  const int first = world_rank / tp / ep * ep;  // the group's ep rank 0, as a dp rank
+  std::vector<int> ranks;
+  for (int q = 0; q < ep; ++q) ranks.push_back((first + q) * tp + world_rank % tp);
+  return ranks;
 }
 
 // The groups of this process on `device` for tp × dp ranks, ep of them per expert-parallel group.

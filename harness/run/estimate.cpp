@@ -218,11 +218,9 @@ MemoryEstimate estimate_memory(const TrainConfig& cfg, Backend backend, std::siz
 }
 
 nlohmann::json moe_routing_json(const MoeState& s, std::int64_t micro_batches) {
-  const auto n = static_cast<std::int64_t>(s.history.size());
-  const std::int64_t first = std::max<std::int64_t>(0, n - micro_batches);
-  nlohmann::json tpe = nlohmann::json::array();
-  for (std::int64_t i = first; i < n; ++i) tpe.push_back(s.history[static_cast<std::size_t>(i)]);
-  return {{"num_experts", s.num_experts}, {"moe_layers", s.layers}, {"tokens_per_expert", tpe}};
+  return {{"num_experts", s.num_experts},
+          {"moe_layers", s.layers},
+          {"tokens_per_expert", s.last_step(micro_batches)}};
 }
 
 MoeRouting moe_routing_from(const std::string& spec, const std::string& point_id) {

@@ -37,10 +37,6 @@ double process_cpu_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-}  // namespace
-
-namespace {
-
 // Every rank's expert histograms of the last step's `micro_batches` forwards, [rank][micro-batch]
 // [layer][expert]: each rank routes its own tokens, and under expert parallelism the ranks of an
 // ep group decide together what each one's experts receive (a collective: every rank calls it).
@@ -48,13 +44,12 @@ std::vector<MoeRouting::Histograms> every_rank_histograms(Comm& comm, const MoeS
                                                           std::int64_t micro_batches) {
   const auto layers = static_cast<std::size_t>(s.layers);
   const auto experts = static_cast<std::size_t>(s.num_experts);
-  const auto n = static_cast<std::int64_t>(s.history.size());
-  const auto first = static_cast<std::size_t>(std::max<std::int64_t>(0, n - micro_batches));
+  const MoeRouting::Histograms last = s.last_step(micro_batches);
   std::vector<std::int64_t> mine;
-  for (std::size_t i = first; i < s.history.size(); ++i)
-    for (const auto& layer : s.history[i]) mine.insert(mine.end(), layer.begin(), layer.end());
+  for (const auto& mb : last)
+    for (const auto& layer : mb) mine.insert(mine.end(), layer.begin(), layer.end());
   const std::vector<std::int64_t> all = comm.all_gather_host(mine);
-  const std::size_t mbs = s.history.size() - first;
+  const std::size_t mbs = last.size();
   std::vector<MoeRouting::Histograms> out(static_cast<std::size_t>(comm.size()));
   auto v = all.begin();
   for (auto& rank : out) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "kernels/comm.h"
+#include "kernels/parallel_state.h"
 
 namespace memtrade {
 namespace {
@@ -380,14 +381,15 @@ MoeRouting MoeRouting::for_rank(int world_rank, int tp, int dp, int ep) const {
                                             by_world_rank.size(), tp * dp);
     return r;
   }
-  // Its ep group: the world ranks of the same tp rank and edp rank (kernels/parallel_state.h),
-  // in ep-rank order.
-  const int dp_rank = world_rank / tp, first = dp_rank / ep * ep;
   r.by_rank.clear();
-  for (int q = 0; q < ep; ++q)
-    r.by_rank.push_back(
-        by_world_rank.at(static_cast<std::size_t>((first + q) * tp + world_rank % tp)));
+  for (int w : ep_group_of(world_rank, tp, ep))
+    r.by_rank.push_back(by_world_rank.at(static_cast<std::size_t>(w)));
   return r;
+}
+
+MoeRouting::Histograms MoeState::last_step(std::int64_t micro_batches) const {
+  const auto n = static_cast<std::int64_t>(history.size());
+  return {history.begin() + std::max<std::int64_t>(0, n - micro_batches), history.end()};
 }
 
 void MoeState::begin_micro_batch(std::int64_t n) {

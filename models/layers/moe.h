@@ -128,9 +128,12 @@ class MoeState {
     std::int64_t router = 0, dispatch = 0, experts = 0, shared = 0;
   } saved;
   // Every forward's histogram, [micro-batch][layer][expert], in order.
-  std::vector<std::vector<std::vector<std::int64_t>>> history{};
+  MoeRouting::Histograms history{};
 
   bool enabled() const { return layers > 0; }
+  // The histograms of the last step's forwards: its `micro_batches` last entries of history
+  // (what results record as moe_routing).
+  MoeRouting::Histograms last_step(std::int64_t micro_batches) const;
   void begin_micro_batch(std::int64_t tokens);
   double aux_loss() const;  // E · Σ_e f_e · P_e of this micro-batch (0 on a meta device)
 };

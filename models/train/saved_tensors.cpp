@@ -105,7 +105,7 @@ Tensor SavedTensors::take(int segment, std::string_view key) {
   if (e != nullptr && e->shared)
     throw std::logic_error(fmt::format("SavedTensors: {}/{} is shared, not taken", segment, key));
   Tensor t = std::move(get(segment, key));
-  if (find(segment, key)->host.defined()) dev_.synchronize(StreamKind::copy);  // H2D may read it
+  if (e->host.defined()) dev_.synchronize(StreamKind::copy);  // H2D may still read it
   erase(segment, key);
   return t;
 }

@@ -27,22 +27,29 @@ testing::json estimate_points(const std::string& grid, const std::string& routin
   return testing::json::parse(r.out)["points"];
 }
 
-TEST(EstimateMoe, PredictedIsMeasuredGivenTheRecordedRouting) {
-  testing::TempDir dir;
+// Writes the tiny Mixtral and Qwen2-MoE configs into `dir` and a grid of both at batch 2 ×
+// 16 tokens (one warm-up, one measured step), `head` before its [run] table and `axes` after
+// its fixed axes ({0}, {1}: the two config files), runs it and returns its results.
+testing::json run_moe_grid(testing::TempDir& dir, const std::string& head,
+                           const std::string& axes) {
   testing::write_file(dir.file("mixtral.json"), kTinyMixtral);
   testing::write_file(dir.file("qwen2moe.json"), kTinyQwen2Moe);
-  testing::write_file(dir.file("g.toml"),
-                      fmt::format(R"(name = "moe-exact"
-mode = "sweep"
-[run]
-backend = "cpu"
-warmup = 1
-steps = 1
-[axes]
-model_config = ["{0}", "{1}"]
-batch_size = [2]
-seq_len = [16]
-accumulation = [1, 2]
+  const std::string grid = head +
+                           "[run]\nbackend = \"cpu\"\nwarmup = 1\nsteps = 1\n[axes]\n"
+                           "model_config = [\"{0}\", \"{1}\"]\nbatch_size = [2]\nseq_len = [16]\n" +
+                           axes;
+  testing::write_file(dir.file("g.toml"), fmt::format(fmt::runtime(grid), dir.file("mixtral.json"),
+                                                      dir.file("qwen2moe.json")));
+  const testing::CliResult r =
+      testing::run_cli("run --grid " + dir.file("g.toml") + " --quiet --out " + dir.file("r.json"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  return testing::json::parse(testing::read_file(dir.file("r.json")));
+}
+
+TEST(EstimateMoe, PredictedIsMeasuredGivenTheRecordedRouting) {
+  testing::TempDir dir;
+  const auto results = run_moe_grid(dir, "name = \"moe-exact\"\nmode = \"sweep\"\n",
+                                    R"(accumulation = [1, 2]
 precision = ["fp32", "bf16", "bf16-pure"]
 checkpoint = [0, 1, "selective"]
 offload = ["none", "activations"]
@@ -51,12 +58,7 @@ attention = ["math", "flash"]
 [baseline]
 model_config = "{0}"
 precision = "fp32"
-)",
-                                  dir.file("mixtral.json"), dir.file("qwen2moe.json")));
-  const testing::CliResult r =
-      testing::run_cli("run --grid " + dir.file("g.toml") + " --quiet --out " + dir.file("r.json"));
-  ASSERT_EQ(r.rc, 0) << r.err;
-  const auto results = testing::json::parse(testing::read_file(dir.file("r.json")));
+)");
   ASSERT_GE(results["points"].size(), 10u);
 
   std::map<std::string, testing::json> measured, balanced, worst;
@@ -100,27 +102,10 @@ precision = "fp32"
 // histograms alone (the file without that field, as before it existed) miss some rank.
 TEST(EstimateMoe, EachRankOfATwoRankRunIsPredictedFromItsFile) {
   testing::TempDir dir;
-  testing::write_file(dir.file("mixtral.json"), kTinyMixtral);
-  testing::write_file(dir.file("qwen2moe.json"), kTinyQwen2Moe);
-  testing::write_file(dir.file("g.toml"),
-                      fmt::format(R"(name = "moe-ranks"
-[run]
-backend = "cpu"
-warmup = 1
-steps = 1
-[axes]
-model_config = ["{0}", "{1}"]
-batch_size = [2]
-seq_len = [16]
-data_parallel = [2]
+  const auto results = run_moe_grid(dir, "name = \"moe-ranks\"\n", R"(data_parallel = [2]
 expert_parallel = [1, 2]
 sharding = ["none", "zero3"]
-)",
-                                  dir.file("mixtral.json"), dir.file("qwen2moe.json")));
-  const testing::CliResult r =
-      testing::run_cli("run --grid " + dir.file("g.toml") + " --quiet --out " + dir.file("r.json"));
-  ASSERT_EQ(r.rc, 0) << r.err;
-  auto results = testing::json::parse(testing::read_file(dir.file("r.json")));
+)");
   ASSERT_EQ(results["points"].size(), 8u);
   // The same file without every rank's histograms.
   testing::json old = results;
