@@ -78,6 +78,12 @@ STEP_MARK = "whole_step: optimizer.step"
 EXTRA_LIST_113 = {"adam", "adamw", "adagrad"}
 
 
+def llama_like(model):
+    """The twin of a llama-* model is HF's eager code: memtrade models it with --llama-layers
+    hf-eager (its default, liger, keeps what fused kernels keep)."""
+    return model.startswith("llama")
+
+
 def point_flags(model, batch, checkpoint, precision, optimizer, accumulation, zero_grad, impl):
     flags = ["--backend", "cpu", "--model", model, "--batch-size", str(batch),
              "--checkpoint", checkpoint, "--precision", precision, "--optimizer", optimizer,
@@ -85,6 +91,8 @@ def point_flags(model, batch, checkpoint, precision, optimizer, accumulation, ze
              "--optimizer-impl", impl]
     if precision == "bf16":
         flags += ["--autocast-policy", "torch-cpu"]
+    if llama_like(model):
+        flags += ["--llama-layers", "hf-eager"]
     return flags
 
 
@@ -187,8 +195,9 @@ def torch_peak(point, impl, warmup, threads=None):
 
 def label(model, batch, checkpoint, precision, optimizer, accumulation, zero_grad, impl):
     prec = "bf16/torch-cpu" if precision == "bf16" else precision
+    layers = "/ll-hf-eager" if llama_like(model) else ""
     return (f"{model}/b{batch}/a{accumulation}/ck{checkpoint}/{prec}/{optimizer}/{impl}/"
-            f"zg-{zero_grad}")
+            f"zg-{zero_grad}{layers}")
 
 
 def measure(binary, batch, combo, warmup, threads=None):

@@ -190,6 +190,7 @@ zero_grad = ["set_to_none", "zero"]
 mode = ["train", "eval"]
 seq_len = [0, 16]
 attention = ["math", "flash"]
+llama_layers = ["liger", "hf-eager"]
 [baseline]
 model = "llama-tiny"
 precision = "{}"
@@ -250,6 +251,7 @@ offload = ["none", "activations", "optimizer", "params"]
 zero_grad = ["set_to_none", "zero"]
 mode = ["train", "eval"]
 seq_len = [0, 16]
+llama_layers = ["liger", "hf-eager"]
 [baseline]
 precision = "{}"
 )",
