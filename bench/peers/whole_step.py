@@ -29,6 +29,8 @@ report the peak of live bytes above the step's start, once the optimizer state e
             profiler records).
 
 Precision bf16 is memtrade's torch-cpu autocast policy against torch.autocast("cpu", bfloat16).
+A llama-* point runs memtrade with --llama-layers hf-eager, its model of HF's eager layers (the
+twin's), and says so in its label (ll-hf-eager).
 --impls: memtrade's optimizer_impl against torch.optim's foreach flag (forloop: foreach=False,
 PyTorch's default on CPU tensors; foreach: foreach=True; fused has no CPU implementation in torch
 1.13). torch 1.13's _multi_tensor_adam keeps one more whole-state list than the 2.x code memtrade
@@ -262,7 +264,7 @@ memtrade's backward holds what eager autograd holds where it decides these peaks
 backward holds log_softmax + nll_loss backward's three (N, V) buffers; the GPT MLP frees each
 saved tensor once the op that reads it has run its backward; a linear frees its saved weight
 cast and its incoming gradient's cast before the weight's gradient goes through ToCopyBackward.
-Every gpt-tiny row at b8 is within 1%. The gaps left, by cause:
+Every gpt-tiny and llama-tiny row at b8 is within 1%. The gaps left, by cause:
 - mlp-tiny and cnn-tiny: memtrade's stem keeps a copy of the staged batch (1,024 B and
   24,576 B at b8, category activations), which PyTorch's first layer saves in place, made before
   the step (mlp-tiny SGD: +3.51%, exactly that copy and the loss's 20 B); under bf16 also the
@@ -275,8 +277,10 @@ Every gpt-tiny row at b8 is within 1%. The gaps left, by cause:
   AccumulateGrad then adds in, and holds a tied head's gradient of wte in its input buffer until
   the embedding's arrives (gpt-tiny's PyTorch peak, in the second micro-batch's mlp.c_proj
   backward, holds both: 65,536 B each; memtrade's peak is the loss backward's);
-- llama-tiny: the twin is HF's eager code, which keeps more than memtrade's fused Llama layers
-  (the Llama section above), and memtrade's Llama MLP still frees its saved tensors per block."""
+- llama-tiny: the twin is HF's eager code, which memtrade models with `--llama-layers hf-eager`
+  (the Llama section above; the point ids say `ll-hf-eager`); the rest is the twin's own cos and
+  sin tables and causal mask, made per layer (5,120 B a layer), which memtrade's RoPE op does not
+  make."""
 
 
 def write_markdown(path, rows, command):
