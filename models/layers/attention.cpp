@@ -123,13 +123,15 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
   // selective checkpointing they are part of the recomputed core.
   if (c.hf_eager) {
     const std::int64_t hd = W / (NH + 2 * std::int64_t{a.n_kv_head});
-    if (a.n_kv_head != a.n_head && !c.selective)
+    // Selective checkpointing recomputes the math core (flash has none to recompute).
+    const bool core_recomputed = c.selective && c.attention == AttentionKind::math;
+    if (a.n_kv_head != a.n_head && !core_recomputed)
       c.keep("attn.kv_rep", c.act_tensor({B, T, 2 * (NH - a.n_kv_head) * hd}, qkv.dtype()));
     // Under autocast HF rotates the 16-bit q and k with fp32 cos and sin (computed from the fp32
     // hidden states), so the rotated q and k are fp32: transients that the scores' matmul casts
     // back to 16 bits, but what a selective checkpoint of the core keeps as its inputs. qkv holds
     // them in 16 bits; the rest of their bytes (2 more per element) is kept beside it.
-    if (c.selective && a.rope_tables_fp32 && dtype_size(qkv.dtype()) == 2)
+    if (core_recomputed && a.rope_tables_fp32 && dtype_size(qkv.dtype()) == 2)
       c.keep("attn.qk_f32", c.act_tensor({B * T, (NH + a.n_kv_head) * (hd / 2)}, DType::F32));
   }
 

@@ -28,7 +28,8 @@
 // With llama_layers hf-eager (LayerCtx::hf_eager: HF's eager LlamaAttention, transformers 4.46.3)
 // the layer also keeps repeat_kv's expanded K and V beyond the NKV heads' ("attn.kv_rep",
 // (B, T, 2·(NH − NKV)·hd) in qkv's dtype: what the scores' and the output's matmuls keep in
-// place of the NKV heads), unless selective checkpointing recomputes them with the core; under
+// place of the NKV heads; with flash, SDPA's inputs, as LlamaSdpaAttention repeats them too),
+// unless selective checkpointing recomputes them with the math core; under
 // autocast, k_proj's and v_proj's own 16-bit casts of the input ("attn.inp_casts"), and, under
 // selective checkpointing, the rest of the bytes of the fp32 rotated q and k that the core's
 // checkpoint keeps ("attn.qk_f32", where rope_tables_fp32: HF's cos and sin are fp32, made from

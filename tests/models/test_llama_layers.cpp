@@ -47,7 +47,9 @@ INSTANTIATE_TEST_SUITE_P(Models, LlamaLayersBits,
 
 // Bytes saved for backward at the end of a training forward (no checkpoint).
 std::int64_t saved_after_forward(const std::string& name, std::int64_t batch, LlamaLayers layers,
-                                 DType act, std::optional<AutocastSpec> amp) {
+                                 DType act, std::optional<AutocastSpec> amp,
+                                 AttentionKind attention = AttentionKind::math,
+                                 Checkpoint checkpoint = {}) {
   auto dev = make_device("cpu");
   auto model = make_model(name);
   auto& m = dynamic_cast<BlockModel&>(*model);
@@ -57,6 +59,8 @@ std::int64_t saved_after_forward(const std::string& name, std::int64_t batch, Ll
   o.act_dtype = act;
   o.amp = amp;
   o.llama_layers = layers;
+  o.attention = attention;
+  o.checkpoint = checkpoint;
   Tensor losses = m.forward(*dev, store, b.input, b.targets, o);
   return m.saved()->device_bytes();
 }
@@ -70,9 +74,9 @@ TEST(LlamaLayers, SavesTheEagerExtras) {
   for (const char* name : {"llama-tiny", "llama-tiny:n_kv_head=1"}) {
     const nlohmann::json h = make_model(name)->hyper();
     const auto L = h["n_layer"].get<std::int64_t>(), C = h["n_embd"].get<std::int64_t>(),
-               I = h["intermediate_size"].get<std::int64_t>(),
-               NH = h["n_head"].get<std::int64_t>(), NKV = h["n_kv_head"].get<std::int64_t>(),
-               hd = h["head_dim"].get<std::int64_t>(), T = h["seq_len"].get<std::int64_t>();
+               I = h["intermediate_size"].get<std::int64_t>(), NH = h["n_head"].get<std::int64_t>(),
+               NKV = h["n_kv_head"].get<std::int64_t>(), hd = h["head_dim"].get<std::int64_t>(),
+               T = h["seq_len"].get<std::int64_t>();
     constexpr std::int64_t B = 3;
     for (const bool amp : {false, true}) {
       SCOPED_TRACE(std::string(name) + (amp ? " bf16 torch-cpu" : " fp32"));
@@ -80,15 +84,38 @@ TEST(LlamaLayers, SavesTheEagerExtras) {
           amp ? std::optional<AutocastSpec>(AutocastSpec{DType::BF16, autocast::Policy::torch_cpu})
               : std::nullopt;
       const std::int64_t w = amp ? 2 : 4;  // the linears' output dtype
-      const std::int64_t per_token = L * (2 * 2 * C * 4 + (2 * (NH - NKV) * hd + I) * w +
-                                          (amp ? 3 * C * w : 0)) +
-                                     2 * C * 4;
+      const std::int64_t per_token =
+          L * (2 * 2 * C * 4 + (2 * (NH - NKV) * hd + I) * w + (amp ? 3 * C * w : 0)) + 2 * C * 4;
       const std::int64_t liger = saved_after_forward(name, B, LlamaLayers::liger, DType::F32, spec);
       const std::int64_t eager =
           saved_after_forward(name, B, LlamaLayers::hf_eager, DType::F32, spec);
       EXPECT_EQ(eager - liger, B * T * per_token);
     }
   }
+}
+
+// Selective checkpointing recomputes the math core, with repeat_kv's K and V in it, and keeps
+// the fp32 rotated q and k the core's checkpoint takes under autocast; flash attention has no
+// core to recompute, so there it keeps what no checkpoint keeps.
+TEST(LlamaLayers, SelectiveRecomputesTheMathCoreOnly) {
+  const nlohmann::json h = make_model("llama-tiny")->hyper();
+  const auto L = h["n_layer"].get<std::int64_t>(), NH = h["n_head"].get<std::int64_t>(),
+             NKV = h["n_kv_head"].get<std::int64_t>(), hd = h["head_dim"].get<std::int64_t>(),
+             T = h["seq_len"].get<std::int64_t>();
+  constexpr std::int64_t B = 3;
+  const AutocastSpec bf16{DType::BF16, autocast::Policy::torch_cpu};
+  const Checkpoint selective = *Checkpoint::parse("selective");
+  const auto saved = [&](LlamaLayers l, AttentionKind a, Checkpoint ck) {
+    return saved_after_forward("llama-tiny", B, l, DType::F32, bf16, a, ck);
+  };
+  for (const LlamaLayers l : {LlamaLayers::liger, LlamaLayers::hf_eager})
+    EXPECT_EQ(saved(l, AttentionKind::flash, selective), saved(l, AttentionKind::flash, {}));
+  const std::int64_t kv_rep = B * T * 2 * (NH - NKV) * hd * 2;  // bf16
+  const std::int64_t qk_f32 = B * T * (NH + NKV) * hd * 2;      // fp32's 2 bytes more
+  EXPECT_EQ(saved(LlamaLayers::hf_eager, AttentionKind::math, selective) -
+                saved(LlamaLayers::liger, AttentionKind::math, selective),
+            saved(LlamaLayers::hf_eager, AttentionKind::math, {}) -
+                saved(LlamaLayers::liger, AttentionKind::math, {}) - L * kv_rep + L * qk_f32);
 }
 
 // A Llama-like model's axis: refused for the other families, left out of ids at its default.
