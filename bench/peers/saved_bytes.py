@@ -273,17 +273,17 @@ def markdown_page(rows, cpu, torch_version):
                 "scalars. The table below is the default's.", "",
                 "`--llama-layers hf-eager` keeps those too, op by op as HF transformers 4.46.3's "
                 "eager modeling code allocates them, and frees each when autograd frees it "
-                "(models/layers/{rmsnorm,attention,llama_mlp}.h); under bf16 autocast also each "
-                "projection's own input cast (autocast casts an op's inputs on every call: "
-                "q_proj, k_proj and v_proj keep three bf16 copies of the norm's output, "
-                "gate_proj and up_proj two) and, under selective checkpointing, the fp32 rotated "
-                "q and k that the core's checkpoint keeps (HF's cos and sin are fp32, made once "
-                "from the fp32 hidden states). The arithmetic is the fused ops', bit for bit. "
-                "With it, the whole step's llama-tiny rows below are within 0.3% of PyTorch's, "
-                "and the bytes kept at the end of forward are those of HF's own code "
-                "(tests/python/test_hf_models.py, fp32, every Llama-like family) but for the "
-                "rotary tables memtrade's RoPE op does not make and 212 B of int64 token ids and "
-                "loss scalars.", "",
+                "(models/layers/{rmsnorm,attention,llama_mlp}.h); also the rotary tables cos and "
+                "sin (once per forward for Llama, Qwen2 and Qwen3, per layer for Mistral, Phi-3 "
+                "and Gemma 2), under bf16 autocast each projection's own input cast (autocast "
+                "casts an op's inputs on every call: q_proj, k_proj and v_proj keep three bf16 "
+                "copies of the norm's output, gate_proj and up_proj two) and, under selective "
+                "checkpointing, the fp32 rotated q and k that the core's checkpoint keeps (HF's "
+                "cos and sin are fp32, made once from the fp32 hidden states). The arithmetic is "
+                "the fused ops', bit for bit. With it, the whole step's llama-tiny rows below "
+                "are within 0.15% of PyTorch's, and the bytes kept at the end of forward are "
+                "those of HF's own code (tests/python/test_hf_models.py, fp32, every dense "
+                "Llama-like family) but for 212 B of int64 token ids and loss scalars.", "",
                 "| point | PyTorch eager kept (B) | memtrade (B) | gap | formula |",
                 "|---|---:|---:|---:|---:|"]
         for r in llama:

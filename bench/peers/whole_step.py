@@ -278,9 +278,9 @@ Every gpt-tiny and llama-tiny row at b8 is within 1%. The gaps left, by cause:
   the embedding's arrives (gpt-tiny's PyTorch peak, in the second micro-batch's mlp.c_proj
   backward, holds both: 65,536 B each; memtrade's peak is the loss backward's);
 - llama-tiny: the twin is HF's eager code, which memtrade models with `--llama-layers hf-eager`
-  (the Llama section above; the point ids say `ll-hf-eager`); the rest, at most 8,220 B at b8,
-  is mostly the twin's own cos and sin tables and causal mask, made per layer (5,120 B a layer),
-  which memtrade's RoPE op does not make, and the batch's int64 token ids. Under bf16 with
+  (the Llama section above; the point ids say `ll-hf-eager`); the rest, at most 4,124 B at b8,
+  is the twin's own (cos and sin made per layer, where HF's LlamaModel makes them once, and a
+  causal mask per layer) and the batch's int64 token ids. Under bf16 with
   checkpoint 1 or 0.5 and zero_grad zero or accumulation 2 (the peak then in the last block's
   recompute) eager holds 98,304 B more there: the block's incoming gradient already cast to bf16
   when the recompute starts, and the CPU add's fp32 copy of the bf16 branch output."""

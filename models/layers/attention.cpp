@@ -133,6 +133,10 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
     // them in 16 bits; the rest of their bytes (2 more per element) is kept beside it.
     if (core_recomputed && a.rope_tables_fp32 && dtype_size(qkv.dtype()) == 2)
       c.keep("attn.qk_f32", c.act_tensor({B * T, (NH + a.n_kv_head) * (hd / 2)}, DType::F32));
+    // Mistral's, Phi-3's, Gemma 2's and Mixtral's attention make their own rotary tables,
+    // (1, T, hd) each in value_states' dtype, which the rotation's multiplies keep.
+    if (a.rope && !a.rope_tables_fp32)
+      c.keep("attn.rope_tables", c.act_tensor({2, T, hd}, qkv.dtype()));
   }
 
   // Allocation order (probabilities or lse, then y) is the one both backends and the memory
@@ -225,6 +229,7 @@ Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAtten
     if (c.has(k)) (void)c.saved.take(c.segment, k);
   // The rotation is orthogonal: its transpose takes d(rotated q, k) to d(q, k).
   if (a.rope) c.ops().rope_backward(dqkv, a.n_head, a.n_kv_head, *a.rope);
+  if (c.has("attn.rope_tables")) (void)c.saved.take(c.segment, "attn.rope_tables");
   dqkv.reshape({B * T, W});
   if (a.qk_norm) qk_norm_backward(c, dqkv, a);
   const Tensor& inp = c.get("attn.inp");

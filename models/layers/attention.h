@@ -29,12 +29,14 @@
 // the layer also keeps repeat_kv's expanded K and V beyond the NKV heads' ("attn.kv_rep",
 // (B, T, 2·(NH − NKV)·hd) in qkv's dtype: what the scores' and the output's matmuls keep in
 // place of the NKV heads; with flash, SDPA's inputs, as LlamaSdpaAttention repeats them too),
-// unless selective checkpointing recomputes them with the math core; under
-// autocast, k_proj's and v_proj's own 16-bit casts of the input ("attn.inp_casts"), and, under
-// selective checkpointing, the rest of the bytes of the fp32 rotated q and k that the core's
-// checkpoint keeps ("attn.qk_f32", where rope_tables_fp32: HF's cos and sin are fp32, made from
-// the fp32 hidden states, so q·cos + rotate_half(q)·sin promotes). None is read by the ops: the
-// arithmetic is liger's.
+// unless selective checkpointing recomputes them with the math core; under autocast, k_proj's
+// and v_proj's own 16-bit casts of the input ("attn.inp_casts"), and, under selective
+// checkpointing, the rest of the bytes of the fp32 rotated q and k that the core's checkpoint
+// keeps ("attn.qk_f32", where rope_tables_fp32: HF's cos and sin are fp32, made from the fp32
+// hidden states, so q·cos + rotate_half(q)·sin promotes); and the rotary tables cos and sin,
+// (1, T, hd) each, which the rotation's multiplies keep: once per forward with the stem, fp32,
+// where rope_tables_fp32 ("rope.tables", models/families/decoder.cpp), else per layer in qkv's
+// dtype ("attn.rope_tables"). None is read by the ops: the arithmetic is liger's.
 //
 // Qwen3 (transformers 4.51.0 modeling_qwen3.py, Qwen3Attention) normalises each query and key head
 // before the rotation: q = q_norm(q_proj(x).view(B, T, NH, hd)), k likewise with k_norm, RMSNorms
