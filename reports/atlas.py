@@ -676,8 +676,10 @@ def korthikanti_section(atlas: Atlas, idx: Index, lrows: list[LayerRow], n: int)
         f"memtrade's side is measured exactly as the difference of two estimates whose models "
         f"differ by one layer (`model:n_layer=L` and `n_layer=L−1`): the *activations* at the peak "
         f"of the one minus the other's, with {fixed}, math attention as the formula assumes. "
-        f"`zero_grad = zero` keeps the gradients allocated through the step, so that the peak "
-        f"falls where every layer's activations are live; it changes no activation. Besides the "
+        f"`zero_grad = zero` keeps the gradients allocated through the step and a tied head is "
+        f"untied (eager holds a tied head's gradient through backward where one exists), so that "
+        f"the peak falls where every layer's activations are live; neither changes an activation. "
+        f"Besides the "
         f"main precision ({pa}) the table shows {p16} (16-bit activations throughout, as the "
         f"formula assumes) and flash attention. Ratios are against the no-dropout formula; the "
         f"first memtrade column is also compared with the published one, as people use it.",

@@ -9,9 +9,9 @@ same threads and OpenMP wait policy (passive unless OMP_WAIT_POLICY says otherwi
 
 With --cpu, the table adds CPU time per step (every thread): the work each engine does, which on
 a machine shared with others is steadier than the wall clock (a thread waiting for a core costs
-wall time, not CPU time). PyTorch's is measured around each step (time.process_time, as its wall
-time: the batches are made before the timed loop); memtrade's, whose step includes making its
-batch, as the difference in the children's CPU time (getrusage) between the round's run and a
+wall time, not CPU time). Both engines' steps include making their batch (peer_point.py makes
+PyTorch's inside the timed step, as memtrade's Trainer::stage does). PyTorch's CPU time is
+measured around each step (time.process_time, as its wall time); memtrade's as the difference in the children's CPU time (getrusage) between the round's run and a
 one-step run of the same point, over the extra steps.
 
     compare_cpu.py [--memtrade BIN] [--points gpt-mini:8,...] [--rounds 3] [--steps 15]

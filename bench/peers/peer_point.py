@@ -126,12 +126,13 @@ def run_point(spec):
         return torch_models.plan_forward(model, [tuple(s) for s in plan["segments"]], x, t,
                                          selective=plan["selective"])
 
-    # Data: seeded random micro-batches on the host (fresh ones every step, as memtrade's data
-    # stream: a model that saw the same batch twice would drift from memtrade's loss), copied to
-    # the device inside every step.
+    # Data: seeded random micro-batches on the host, fresh ones every step (as memtrade's data
+    # stream: a model that saw the same batch twice would drift from memtrade's loss), made and
+    # copied to the device inside every timed step, as memtrade's step makes and stages its own
+    # (Trainer::stage): both engines' step times include making their batch.
     g = torch.Generator().manual_seed(seed)
 
-    def micro_batch():
+    def micro_batch(g=g):
         if family in ("gpt", "llama"):
             T = int(hyper.get("seq_len", hyper["block_size"]))
             x = torch.randint(0, hyper["vocab_size"], (B, T), generator=g)  # (B, T)
@@ -145,9 +146,11 @@ def run_point(spec):
             t = torch.randint(0, hyper["classes"], (B,), generator=g)  # (B,)
         return (x.pin_memory(), t.pin_memory()) if pinned else (x, t)
 
-    batches = [[micro_batch() for _ in range(k)] for _ in range(min(warmup + steps, 64))]
-    input_bytes = sum(x.numel() * x.element_size() + t.numel() * t.element_size()
-                      for x, t in batches[0])  # one step's worth
+    def step_batches():
+        return [micro_batch() for _ in range(k)]
+
+    input_bytes = sum(x.numel() * x.element_size() + t.numel() * t.element_size()  # one step's
+                      for x, t in (micro_batch(torch.Generator()) for _ in range(k)))
     tokens_per_sample = int(hyper.get("seq_len", hyper.get("block_size", 1))) \
         if family in ("gpt", "llama") else 1
 
@@ -243,13 +246,13 @@ def run_point(spec):
             torch.cuda.reset_peak_memory_stats()
         if cuda:
             ev[0].record()
-            loss, skipped = step(batches[i % len(batches)])
+            loss, skipped = step(step_batches())
             ev[1].record()
             ev[1].synchronize()
             dt = ev[0].elapsed_time(ev[1]) / 1e3
         else:
             t0, c0 = time.perf_counter(), time.process_time()
-            loss, skipped = step(batches[i % len(batches)])
+            loss, skipped = step(step_batches())
             dt = time.perf_counter() - t0
             cpu_samples.append(time.process_time() - c0)
         if scaler is not None:  # outside the timed region: get_scale() synchronises
@@ -268,7 +271,7 @@ def run_point(spec):
     med = float(np.median(samples))
     memory = {"peak_allocated": None, "peak_requested": None, "peak_reserved": None,
               "breakdown_at_peak": None, "predicted_peak": None, "device_peak": device_peak,
-              "host_pinned_peak": (input_bytes * len(batches) if pinned else 0) if not offload else None}
+              "host_pinned_peak": (input_bytes if pinned else 0) if not offload else None}
     if cuda:
         stats = torch.cuda.memory_stats()
         memory["peak_allocated"] = int(torch.cuda.max_memory_allocated())

@@ -221,7 +221,9 @@ Tensor DecoderModel<Norm, Mlp>::head_backward(LayerCtx& c, float dloss) {
   Tensor gathered;
   const Tensor& h = enter_column_parallel(c, lnf, gathered, Category::temporaries);
   Tensor dh = c.temp_like(h);
-  // A tied head writes wte's gradient first; the embedding adds to it later.
+  // A tied head writes wte's gradient first; the embedding adds to it later (eager holds the
+  // head's until then: LayerCtx::hold_grad).
+  if (head_.weight == embedding_.wte) c.hold_grad(head_.weight);
   linear_backward(c, &dh, dlogits, h, head_);
   dlogits.reset();
   gathered.reset();

@@ -103,26 +103,54 @@ const Tensor& LayerCtx::grad_as(const Tensor& g, DType dtype, Tensor& holder) {
   return holder;
 }
 
-ParamGrad::ParamGrad(LayerCtx& c, ParamIndex index, DType computed_in) : c_(c), index_(index) {
+AccumulateBuffer LayerCtx::accumulate_buffer(ParamIndex index, const GradRef& g) {
+  AccumulateBuffer b;
+  const bool hold = hold_next_ == index;
+  if (hold) hold_next_ = -1;
+  if (auto it = held_grads_.find(index); it != held_grads_.end() && !hold) {
+    b.held = std::move(it->second);
+    held_grads_.erase(it);
+  }
+  if (!g.accumulate) return b;  // eager's buffer becomes the gradient: `g.t` is it
+  Tensor fresh = temp(g.t.shape(), g.t.dtype());
+  if (!hold) {
+    b.fresh = std::move(fresh);
+    return b;
+  }
+  b.fresh = Tensor::view(fresh, 0, fresh.numel());
+  b.fresh.reshape(g.t.shape());
+  held_grads_[index] = std::move(fresh);
+  return b;
+}
+
+ParamGrad::ParamGrad(LayerCtx& c, ParamIndex index, DType computed_in, bool eager_buffer)
+    : c_(c), index_(index), eager_buffer_(eager_buffer) {
   if (computed_in == c.store.weight(index).dtype()) {
     GradRef g = c.store.grad(index);
     grad_ = &g.t;
     accumulate_ = g.accumulate;
+    if (eager_buffer_) buffer_ = c.accumulate_buffer(index, g);
     return;
   }
   computed_ = c.temp(c.store.weight(index).shape(), computed_in);
 }
 
 void ParamGrad::finish() {
-  if (!computed_.defined()) return;
+  if (!computed_.defined()) {
+    buffer_ = {};
+    return;
+  }
   GradRef g = c_.store.grad(index_);
+  // ToCopyBackward's fp32 output is eager's buffer, which AccumulateGrad adds in.
+  AccumulateBuffer b = eager_buffer_ ? c_.accumulate_buffer(index_, g) : AccumulateBuffer{};
   if (!g.accumulate) {
     c_.ops().cast(g.t, computed_);
   } else {
-    Tensor wide = c_.temp(g.t.shape(), g.t.dtype());
-    c_.ops().cast(wide, computed_);
+    Tensor wide = b.fresh.defined() ? Tensor() : c_.temp(g.t.shape(), g.t.dtype());
+    Tensor& into = b.fresh.defined() ? b.fresh : wide;
+    c_.ops().cast(into, computed_);
     computed_.reset();
-    c_.ops().add_inplace(g.t, wide);
+    c_.ops().add_inplace(g.t, into);
   }
   computed_.reset();
 }

@@ -20,6 +20,7 @@
 // the O2 precisions byte for byte what fp16/bf16 were before autocast existed.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string_view>
 
@@ -34,6 +35,13 @@ namespace memtrade {
 using ParamIndex = int;
 
 using autocast::Op;
+
+// The bytes eager autograd holds for one weight gradient beside the gradient itself
+// (LayerCtx::accumulate_buffer); both are freed with it.
+struct AccumulateBuffer {
+  Tensor fresh;  // the op's output, which AccumulateGrad adds in
+  Tensor held;   // the same weight's earlier gradients of this backward (a tied head's)
+};
 
 struct LayerCtx {
   Device& dev;
@@ -118,6 +126,23 @@ struct LayerCtx {
   Tensor grad_as(Tensor g, DType dtype);
   // The same for a gradient the caller keeps: `g`, or the cast, made in `holder`.
   const Tensor& grad_as(const Tensor& g, DType dtype, Tensor& holder);
+
+  // ---- weight gradients as eager autograd holds them ------------------------------------------
+  // Eager autograd computes every weight gradient into a fresh buffer, which AccumulateGrad then
+  // makes the gradient (when there is none yet: no extra bytes) or adds into the existing one and
+  // frees (a later micro-batch, zero_grad(set_to_none=False), the second use of a tied weight).
+  // memtrade's ops add into the existing gradient in place (the same sum), so for an op writing
+  // gradient `g` of params()[index] with g.accumulate this is a temporary of the gradient's shape
+  // and dtype standing for eager's buffer: keep it for the op's span (empty otherwise). A weight
+  // read twice in one forward (a tied head) has its first gradient held in its AccumulateGrad
+  // node's input buffer until the other arrives (torch/csrc/autograd/input_buffer.cpp): after
+  // hold_grad(index), the next buffer of that weight is kept by the context (`fresh` is a view of
+  // it) and handed over as `held` with the weight's following one.
+  AccumulateBuffer accumulate_buffer(ParamIndex index, const GradRef& g);
+  void hold_grad(ParamIndex index) { hold_next_ = index; }
+
+  ParamIndex hold_next_ = -1;
+  std::map<ParamIndex, Tensor> held_grads_{};
 };
 
 // Column blocks of a row-major matrix (Device::copy_2d, one copy of `part.dim(1)` columns per
@@ -132,10 +157,12 @@ void place_columns(LayerCtx& c, Tensor& dst, std::int64_t col, const Tensor& par
 // accumulate() its flag). An op that read autocast's 16-bit cast writes a 16-bit gradient into a
 // temporary instead (accumulate() false), which finish() casts to the fp32 gradient: assigned to
 // a fresh one, or added into an existing one through an fp32 temporary (autograd's ToCopyBackward
-// output, which AccumulateGrad adds in). Either way call finish() after the op.
+// output, which AccumulateGrad adds in). Either way call finish() after the op. With
+// `eager_buffer` it holds LayerCtx::accumulate_buffer until finish() (without: the caller's own
+// temporary stands for it, as StackedGrads' stacked gradient does).
 class ParamGrad {
  public:
-  ParamGrad(LayerCtx& c, ParamIndex index, DType computed_in);
+  ParamGrad(LayerCtx& c, ParamIndex index, DType computed_in, bool eager_buffer = true);
   Tensor& t() { return computed_.defined() ? computed_ : *grad_; }
   bool accumulate() const { return accumulate_; }
   void finish();
@@ -146,6 +173,8 @@ class ParamGrad {
   Tensor computed_;  // the 16-bit gradient (autocast)
   Tensor* grad_ = nullptr;
   bool accumulate_ = false;
+  bool eager_buffer_ = true;
+  AccumulateBuffer buffer_;
 };
 
 }  // namespace memtrade

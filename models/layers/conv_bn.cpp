@@ -59,6 +59,8 @@ void conv_bn_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout, const Tenso
   Tensor dconv = c.temp_like(conv);
   GradRef gg = c.store.grad(l.bn_weight);
   GradRef gb = c.store.grad(l.bn_bias);
+  AccumulateBuffer eager_g = c.accumulate_buffer(l.bn_weight, gg);
+  AccumulateBuffer eager_b = c.accumulate_buffer(l.bn_bias, gb);
   const Tensor& gamma = c.weight(l.bn_weight);
   const Tensor& mean = c.get(l.key + ".mean");
   const Tensor& invstd = c.get(l.key + ".invstd");

@@ -42,12 +42,14 @@ void vocab_parallel_backward(LayerCtx& c, Tensor& dout_mine, const Embedding& e)
   const std::int64_t C = dout.dim(1);
   if (e.wpe >= 0) {
     GradRef gpe = c.store.grad(e.wpe);
+    AccumulateBuffer eager_pe = c.accumulate_buffer(e.wpe, gpe);
     if (!gpe.accumulate) c.ops().fill(gpe.t, 0.0f);
     Tensor g = Tensor::view(gpe.t, 0, T * C);
     for (std::int64_t b = 0; b < B; ++b)
       c.ops().add_inplace(g, Tensor::view(dout, b * T * C, T * C));
   }
   GradRef gte = c.store.grad(e.wte);
+  AccumulateBuffer eager_te = c.accumulate_buffer(e.wte, gte);
   dout.reshape({B, T, C});
   c.ops().embedding_backward(&gte.t, nullptr, dout, local, gte.accumulate);
   dout.reshape({B * T, C});
@@ -94,12 +96,14 @@ void embedding_backward(LayerCtx& c, Tensor& dout, const Embedding& e) {
   const Shape flat = dout.shape();
   dout.reshape({tokens.dim(0), tokens.dim(1), flat[1]});  // the op wants (B, T, C)
   GradRef gte = c.store.grad(e.wte);
+  AccumulateBuffer eager_te = c.accumulate_buffer(e.wte, gte);
   if (e.wpe < 0) {
     c.ops().embedding_backward(&gte.t, nullptr, dout, tokens, gte.accumulate);
     dout.reshape(flat);
     return;
   }
   GradRef gpe = c.store.grad(e.wpe);
+  AccumulateBuffer eager_pe = c.accumulate_buffer(e.wpe, gpe);
   if (gte.accumulate == gpe.accumulate) {
     c.ops().embedding_backward(&gte.t, &gpe.t, dout, tokens, gte.accumulate);
   } else {

@@ -82,7 +82,9 @@ class StackedGrads {
   StackedGrads(LayerCtx& c, const std::vector<ParamIndex>& params, std::vector<std::int64_t> shape)
       : c_(c) {
     grads_.reserve(params.size());
-    for (ParamIndex i : params) grads_.emplace_back(c, i, c.weight_dtype(Op::linear, i));
+    // The stacked gradient stands for eager's buffers (each part's, which AccumulateGrad adds in).
+    for (ParamIndex i : params)
+      grads_.emplace_back(c, i, c.weight_dtype(Op::linear, i), /*eager_buffer=*/false);
     for (ParamGrad& g : grads_) {
       targets_.push_back(&g.t());
       accumulate_ = accumulate_ || g.accumulate();

@@ -141,7 +141,10 @@ TEST(EstimateCuda, Llama3_8bAt4096TokensHoldsTwoCublasWorkspacesAtItsPeak) {
 // When backward came to hold what eager autograd holds (the loss backward's three (N, V)
 // buffers; the GPT MLP's saved tensors, a linear's saved weight cast and its incoming gradient's
 // cast freed once the op's backward has run), the 26 points whose peak that moves (9 CPU, 17
-// CUDA; from −263,168 B to +1,048,576 B) were regenerated: the fourth.
+// CUDA; from −263,168 B to +1,048,576 B) were regenerated: the fourth. When an op adding into an
+// existing weight gradient came to hold eager's fresh buffer for it (LayerCtx::accumulate_buffer:
+// later micro-batches, zero_grad=zero, a tied head), the 50 points it changes (49 peaks, 0 to
+// +131,584 B) were regenerated: the fifth.
 TEST(EstimateFixture, EveryFigureIsAsRecorded) {
   const auto fixture = testing::json::parse(testing::read_file(
       std::string(MEMTRADE_SOURCE_DIR) + "/tests/harness/fixtures/estimate_fixture.json"));
