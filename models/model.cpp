@@ -273,6 +273,7 @@ RunOptions RunOptions::from(const TrainConfig& cfg) {
   o.checkpoint = cfg.checkpoint;
   o.offload_activations = cfg.offload == Offload::activations;
   o.attention = cfg.attention;
+  o.llama_layers = cfg.llama_layers;
   if (auto dt = autocast_dtype(cfg.precision)) o.amp = AutocastSpec{*dt, cfg.autocast_policy};
   return o;
 }

@@ -122,6 +122,8 @@ struct RunOptions {
   bool offload_activations = false;  // saved activations go to pinned host memory
   // The attention layers' ops (kernels/ops.h): math saves the probabilities, flash does not.
   AttentionKind attention = AttentionKind::math;
+  // What a Llama-like model's layers keep (the llama_layers knob; other families ignore it).
+  LlamaLayers llama_layers = LlamaLayers::liger;
   std::optional<AutocastSpec> amp;  // set: autocast (fp16/bf16 precision)
   // The ranks and groups (tensor parallelism's collectives); null: one rank.
   const ParallelState* parallel = nullptr;

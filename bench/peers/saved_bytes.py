@@ -259,17 +259,31 @@ def markdown_page(rows, cpu, torch_version):
             "glibc's allocation counters and torch.profiler's allocator records (`saved_bytes.py "
             "--profiler`) both confirm the larger figure.", ""]
     if llama:
-        out += ["## Llama: memtrade keeps what fused kernels keep", "",
-                "memtrade's Llama layers keep what fused implementations keep (Liger-Kernel-style "
-                "fused RMSNorm and SwiGLU, RoPE applied in place, grouped-query attention without "
-                "materialising repeated K/V, as FlashAttention-2 and SDPA with enable_gqa do). "
-                "The HF-style eager twin (`bench/peers/torch_models.py`, torch 1.13, "
-                "`repeat_kv` + math attention) keeps more, per layer and token: x² and the "
-                "normalised x of each RMSNorm (2·C each, two norms per layer and the final one), "
-                "the expanded K and V (2·(NH − NKV)·hd) and silu(gate) (I). The formula column is "
-                "4 B × B·T × (L·(4C + 2(NH − NKV)·hd + I) + 2C) for fp32 points with every block "
-                "kept; the rest of the gap is the cos/sin tables, the mask, int64 token ids and "
-                "the loss scalars.", "",
+        out += ["## Llama: fused kernels' layers, or HF's eager code's (`llama_layers`)", "",
+                "memtrade's Llama layers keep, by default (`--llama-layers liger`), what fused "
+                "implementations keep (Liger-Kernel-style fused RMSNorm and SwiGLU, RoPE applied "
+                "in place, grouped-query attention without materialising repeated K/V, as "
+                "FlashAttention-2 and SDPA with enable_gqa do). The HF-style eager twin "
+                "(`bench/peers/torch_models.py`, torch 1.13, `repeat_kv` + math attention) keeps "
+                "more, per layer and token: x² (kept by torch 1.13's mean) and the normalised x "
+                "of each RMSNorm (2·C each, two norms per layer and the final one), the expanded "
+                "K and V (2·(NH − NKV)·hd) and silu(gate) (I). The formula column is 4 B × B·T × "
+                "(L·(4C + 2(NH − NKV)·hd + I) + 2C) for fp32 points with every block kept; the "
+                "rest of the gap is the cos/sin tables, the mask, int64 token ids and the loss "
+                "scalars. The table below is the default's.", "",
+                "`--llama-layers hf-eager` keeps those too, op by op as HF transformers 4.46.3's "
+                "eager modeling code allocates them, and frees each when autograd frees it "
+                "(models/layers/{rmsnorm,attention,llama_mlp}.h); also the rotary tables cos and "
+                "sin (once per forward for Llama, Qwen2 and Qwen3, per layer for Mistral, Phi-3 "
+                "and Gemma 2), under bf16 autocast each projection's own input cast (autocast "
+                "casts an op's inputs on every call: q_proj, k_proj and v_proj keep three bf16 "
+                "copies of the norm's output, gate_proj and up_proj two) and, under selective "
+                "checkpointing, the fp32 rotated q and k that the core's checkpoint keeps (HF's "
+                "cos and sin are fp32, made once from the fp32 hidden states). The arithmetic is "
+                "the fused ops', bit for bit. With it, the whole step's llama-tiny rows below "
+                "are within 0.15% of PyTorch's, and the bytes kept at the end of forward are "
+                "those of HF's own code (tests/python/test_hf_models.py, fp32, every dense "
+                "Llama-like family) but for 212 B of int64 token ids and loss scalars.", "",
                 "| point | PyTorch eager kept (B) | memtrade (B) | gap | formula |",
                 "|---|---:|---:|---:|---:|"]
         for r in llama:

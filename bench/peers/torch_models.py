@@ -184,15 +184,27 @@ class LlamaAttention(nn.Module):
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        if self.selective:
+            y = checkpoint("attention core input", self.core, q, k, v)
+        else:
+            y = self.core(q, k, v)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.hd)
+        return self.o_proj(y)
+
+    selective = False  # Megatron's selective recompute: the attention core is checkpointed
+
+    def core(self, q, k, v):
+        """repeat_kv and the attention, (B, NH, T, hd) q and (B, NKV, T, hd) k, v ->
+        (B, NH, T, hd): what selective drops."""
+        B, _, T, _ = q.size()
         rep = self.n_head // self.n_kv_head  # repeat_kv: query head h reads kv head h // rep
         k = k[:, :, None].expand(B, self.n_kv_head, rep, T, self.hd).reshape(B, self.n_head, T, self.hd)
         v = v[:, :, None].expand(B, self.n_kv_head, rep, T, self.hd).reshape(B, self.n_head, T, self.hd)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)  # (B, NH, T, T)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
         att = att.masked_fill(~mask, float("-inf"))
         att = F.softmax(att, dim=-1, dtype=torch.promote_types(att.dtype, torch.float32)).to(q.dtype)
-        y = (att @ v).transpose(1, 2).reshape(B, T, self.n_head * self.hd)
-        return self.o_proj(y)
+        return att @ v
 
 
 class LlamaMLP(nn.Module):
@@ -346,8 +358,9 @@ def plan_forward(model, segments, x, targets, on_checkpoint=None, selective=Fals
     `segments`: [(begin, end, recompute)] covering the blocks in order (memtrade's
     CheckpointPlan::segments). A recomputed segment runs under torch.utils.checkpoint with
     use_reentrant=False, which keeps only the segment's input and recomputes the rest in
-    backward. `selective` (memtrade's plan) checkpoints the attention core of every GPT block
-    (Megatron's selective recompute) and bn1 -> relu -> conv2 of every CNN block.
+    backward. `selective` (memtrade's plan) checkpoints the attention core of every GPT and Llama
+    block (Megatron's selective recompute; Llama's with repeat_kv inside) and bn1 -> relu -> conv2
+    of every CNN block.
     `on_checkpoint(label, *inputs)` is told every checkpoint's inputs.
     """
     global _on_checkpoint

@@ -29,6 +29,8 @@ report the peak of live bytes above the step's start, once the optimizer state e
             profiler records).
 
 Precision bf16 is memtrade's torch-cpu autocast policy against torch.autocast("cpu", bfloat16).
+A llama-* point runs memtrade with --llama-layers hf-eager, its model of HF's eager layers (the
+twin's), and says so in its label (ll-hf-eager).
 --impls: memtrade's optimizer_impl against torch.optim's foreach flag (forloop: foreach=False,
 PyTorch's default on CPU tensors; foreach: foreach=True; fused has no CPU implementation in torch
 1.13). torch 1.13's _multi_tensor_adam keeps one more whole-state list than the 2.x code memtrade
@@ -78,6 +80,12 @@ STEP_MARK = "whole_step: optimizer.step"
 EXTRA_LIST_113 = {"adam", "adamw", "adagrad"}
 
 
+def llama_like(model):
+    """The twin of a llama-* model is HF's eager code: memtrade models it with --llama-layers
+    hf-eager (its default, liger, keeps what fused kernels keep)."""
+    return model.startswith("llama")
+
+
 def point_flags(model, batch, checkpoint, precision, optimizer, accumulation, zero_grad, impl):
     flags = ["--backend", "cpu", "--model", model, "--batch-size", str(batch),
              "--checkpoint", checkpoint, "--precision", precision, "--optimizer", optimizer,
@@ -85,6 +93,8 @@ def point_flags(model, batch, checkpoint, precision, optimizer, accumulation, ze
              "--optimizer-impl", impl]
     if precision == "bf16":
         flags += ["--autocast-policy", "torch-cpu"]
+    if llama_like(model):
+        flags += ["--llama-layers", "hf-eager"]
     return flags
 
 
@@ -187,8 +197,9 @@ def torch_peak(point, impl, warmup, threads=None):
 
 def label(model, batch, checkpoint, precision, optimizer, accumulation, zero_grad, impl):
     prec = "bf16/torch-cpu" if precision == "bf16" else precision
+    layers = "/ll-hf-eager" if llama_like(model) else ""
     return (f"{model}/b{batch}/a{accumulation}/ck{checkpoint}/{prec}/{optimizer}/{impl}/"
-            f"zg-{zero_grad}")
+            f"zg-{zero_grad}{layers}")
 
 
 def measure(binary, batch, combo, warmup, threads=None):
@@ -253,7 +264,7 @@ memtrade's backward holds what eager autograd holds where it decides these peaks
 backward holds log_softmax + nll_loss backward's three (N, V) buffers; the GPT MLP frees each
 saved tensor once the op that reads it has run its backward; a linear frees its saved weight
 cast and its incoming gradient's cast before the weight's gradient goes through ToCopyBackward.
-Every gpt-tiny row at b8 is within 1%. The gaps left, by cause:
+Every gpt-tiny and llama-tiny row at b8 is within 1%. The gaps left, by cause:
 - mlp-tiny and cnn-tiny: memtrade's stem keeps a copy of the staged batch (1,024 B and
   24,576 B at b8, category activations), which PyTorch's first layer saves in place, made before
   the step (mlp-tiny SGD: +3.51%, exactly that copy and the loss's 20 B); under bf16 also the
@@ -266,8 +277,13 @@ Every gpt-tiny row at b8 is within 1%. The gaps left, by cause:
   AccumulateGrad then adds in, and holds a tied head's gradient of wte in its input buffer until
   the embedding's arrives (gpt-tiny's PyTorch peak, in the second micro-batch's mlp.c_proj
   backward, holds both: 65,536 B each; memtrade's peak is the loss backward's);
-- llama-tiny: the twin is HF's eager code, which keeps more than memtrade's fused Llama layers
-  (the Llama section above), and memtrade's Llama MLP still frees its saved tensors per block."""
+- llama-tiny: the twin is HF's eager code, which memtrade models with `--llama-layers hf-eager`
+  (the Llama section above; the point ids say `ll-hf-eager`); the rest, at most 4,124 B at b8,
+  is the twin's own (cos and sin made per layer, where HF's LlamaModel makes them once, and a
+  causal mask per layer) and the batch's int64 token ids. Under bf16 with
+  checkpoint 1 or 0.5 and zero_grad zero or accumulation 2 (the peak then in the last block's
+  recompute) eager holds 98,304 B more there: the block's incoming gradient already cast to bf16
+  when the recompute starts, and the CPU add's fp32 copy of the bf16 branch output."""
 
 
 def write_markdown(path, rows, command):

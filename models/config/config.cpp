@@ -91,6 +91,10 @@ constexpr std::array<std::pair<std::string_view, SequenceParallel>, 2> kSequence
     {"off", SequenceParallel::off},
     {"on", SequenceParallel::on},
 }};
+constexpr std::array<std::pair<std::string_view, LlamaLayers>, 2> kLlamaLayers{{
+    {"liger", LlamaLayers::liger},
+    {"hf-eager", LlamaLayers::hf_eager},
+}};
 
 }  // namespace
 
@@ -106,6 +110,16 @@ std::optional<SequenceParallel> parse_sequence_parallel(std::string_view s) {
 }
 std::vector<std::string> sequence_parallel_names() {
   return names(kSequenceParallel);
+}
+
+std::string_view llama_layers_name(LlamaLayers l) {
+  return name_of(kLlamaLayers, l);
+}
+std::optional<LlamaLayers> parse_llama_layers(std::string_view s) {
+  return lookup(kLlamaLayers, s);
+}
+std::vector<std::string> llama_layers_names() {
+  return names(kLlamaLayers);
 }
 
 std::int64_t samples_per_step(const TrainConfig& c) {

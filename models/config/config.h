@@ -58,6 +58,10 @@ enum class Sharding : std::uint8_t { none, zero1, zero2, zero3, torch_zero1 };
 // Megatron's sequence parallelism under tensor parallelism (models/layers/tensor_parallel.h): the
 // norms, residuals and the linears' saved inputs split along the tokens over the tp ranks.
 enum class SequenceParallel : std::uint8_t { off, on };
+// What a Llama-like model's layers keep (models/families/llama.h): liger = what fused kernels keep
+// (Liger-Kernel's RMSNorm and SwiGLU, RoPE in place, grouped-query attention without repeated
+// K/V); hf_eager = what HF transformers' eager modeling code keeps under autograd (4.46.3).
+enum class LlamaLayers : std::uint8_t { liger, hf_eager };
 
 // Activation checkpointing: a density in [0, 1] (fraction of blocks recomputed, evenly spaced),
 // first<density> (the same number of blocks, the first ones: which blocks are recomputed), sqrt
@@ -117,6 +121,7 @@ struct TrainConfig {
   // expert_parallel consecutive ranks of the data-parallel group (it divides data_parallel), the
   // tokens exchanged by all-to-all. Not a world dimension: the ranks stay tp × dp.
   std::int64_t expert_parallel = 1;
+  LlamaLayers llama_layers = LlamaLayers::liger;  // Llama-like models only
 };
 
 // The processes a point runs as: tensor_parallel × data_parallel.
@@ -139,6 +144,7 @@ std::string_view input_name(InputMemory i);
 std::string_view attention_kind_name(AttentionKind a);        // "math", "flash"
 std::string_view sharding_name(Sharding s);                   // "none", "zero1", "zero2", "zero3"
 std::string_view sequence_parallel_name(SequenceParallel s);  // "off", "on"
+std::string_view llama_layers_name(LlamaLayers l);            // "liger", "hf-eager"
 std::optional<Precision> parse_precision(std::string_view s);
 std::optional<OptimizerKind> parse_optimizer(std::string_view s);
 std::optional<OptimizerImpl> parse_optimizer_impl(std::string_view s);
@@ -150,6 +156,7 @@ std::optional<InputMemory> parse_input(std::string_view s);
 std::optional<AttentionKind> parse_attention_kind(std::string_view s);
 std::optional<Sharding> parse_sharding(std::string_view s);
 std::optional<SequenceParallel> parse_sequence_parallel(std::string_view s);
+std::optional<LlamaLayers> parse_llama_layers(std::string_view s);
 
 // All accepted spellings of each axis, for help texts and error messages.
 std::vector<std::string> precision_names();
@@ -163,6 +170,7 @@ std::vector<std::string> input_names();
 std::vector<std::string> attention_kind_names();
 std::vector<std::string> sharding_names();
 std::vector<std::string> sequence_parallel_names();
+std::vector<std::string> llama_layers_names();
 
 // The storage dtype of the weights on the device (and of every activation outside autocast),
 // whether an fp32 master copy exists, and the loss scaling of fp16.

@@ -537,6 +537,33 @@ std::vector<Knob> make_table() {
     return std::nullopt;
   };
 
+  // What a Llama-like model's layers keep (models/families/llama.h): the fused kernels' saved
+  // tensors, or HF's eager code's. Only the memory differs (and so the estimate): the arithmetic
+  // is the same, bit for bit (tests/models/test_llama_layers.cpp).
+  Knob layers = enum_knob(
+      "llama_layers", "--llama-layers", "ll-",
+      "What a Llama-like model's layers keep for backward: liger (what fused kernels keep: "
+      "Liger-Kernel's RMSNorm and SwiGLU, RoPE in place, grouped-query attention without "
+      "repeated K/V) or hf-eager (what HF transformers 4.46.3's eager code keeps under autograd: "
+      "each RMSNorm's x² and normalised rows, SwiGLU's act(gate), repeat_kv's expanded K and V, "
+      "and their temporaries)",
+      &TrainConfig::llama_layers, llama_layers_name, parse_llama_layers, llama_layers_names);
+  layers.id_rule = IdRule::non_default;
+  static constexpr auto llama_like = [](const TrainConfig& c) {
+    try {
+      return std::holds_alternative<LlamaConfig>(model_desc_of(c)->family);
+    } catch (const std::invalid_argument&) {
+      return false;  // the model's own knobs say what is wrong
+    }
+  };
+  layers.applies = llama_like;
+  layers.resolve = [](TrainConfig& c) -> std::optional<std::string> {
+    if (c.llama_layers == LlamaLayers::liger || llama_like(c)) return std::nullopt;
+    return std::string(
+        "hf-eager describes a Llama-like model's layers (llama-*, HF Llama-family configs)");
+  };
+  t.push_back(std::move(layers));
+
   for (Knob& k : t) {
     if (!k.id_text) k.id_text = k.get;
     if (!k.applies) k.applies = [](const TrainConfig&) { return true; };

@@ -80,6 +80,7 @@ Tensor BlockModel::forward(Device& dev, ParamStore& store, const Tensor& input,
   set_parallel(c, options);
   c.selective = plan_.selective;
   c.attention = options.attention;
+  c.hf_eager = options.llama_layers == LlamaLayers::hf_eager;
   c.save = training;
   c.segment = -1;
   Tensor x = [&] {
@@ -132,6 +133,7 @@ void BlockModel::backward(Device& dev, ParamStore& store, float dloss) {
   set_parallel(c, *last_);
   c.selective = plan_.selective;
   c.attention = last_->attention;
+  c.hf_eager = last_->llama_layers == LlamaLayers::hf_eager;
   c.save = true;
   c.backward = true;
 

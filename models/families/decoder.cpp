@@ -125,7 +125,14 @@ Tensor DecoderModel<Norm, Mlp>::stem_forward(LayerCtx& c, const Tensor& input) {
                     "batch_size × seq_len must be a multiple of tp",
                     input.numel(), c.tp->size()));
   if (moe_.enabled() && !c.recompute) moe_.begin_micro_batch(input.numel());
-  return embedding_forward(c, input, embedding_);  // (B·T, C); this rank's tokens under SP
+  Tensor x = embedding_forward(c, input, embedding_);  // (B·T, C); this rank's tokens under SP
+  // HF's eager Llama (hf_eager; attention.h): LlamaModel makes the rotary tables cos and sin,
+  // (1, T, head_dim) fp32 each, once per forward, and every layer's rotation keeps them.
+  if (const CausalSelfAttention& a = blocks_.front().attn; c.hf_eager && a.rope_tables_fp32) {
+    const std::int64_t hd = params()[a.c_proj.weight].shape[1] / a.n_head;
+    c.keep("rope.tables", c.act_tensor({2, seq_len_, hd}, DType::F32));
+  }
+  return x;
 }
 
 // Under autocast (models/layers/context.h) the residual stream is fp32 (the embedding's output,
@@ -254,6 +261,7 @@ void DecoderModel<Norm, Mlp>::block_backward(LayerCtx& c, int block, Tensor& dre
 
 template <typename Norm, typename Mlp>
 void DecoderModel<Norm, Mlp>::stem_backward(LayerCtx& c, Tensor& dres) {
+  if (c.has("rope.tables")) (void)c.saved.take(c.segment, "rope.tables");  // every layer's ran
   embedding_backward(c, dres, embedding_);
 }
 

@@ -190,6 +190,12 @@ LlamaModel::LlamaModel(LlamaConfig cfg, TpSplit tp, EpSplit ep) : cfg_(std::move
     // Qwen2's, Gemma2's, Phi3's, Mixtral's, Qwen2-MoE's alike in 4.46.3): softmax(attn_weights,
     // dim=-1, dtype=torch.float32).to(query_states.dtype).
     b.attn.softmax_fp32 = true;
+    // transformers 4.46.3: LlamaModel, Qwen2Model and Qwen2MoeModel (and 4.51.0's Qwen3Model)
+    // make the rotary tables once per forward from the fp32 hidden states; MistralAttention,
+    // Phi3Attention, Gemma2Attention and MixtralAttention per layer from value_states.
+    const std::string& arch = cfg_.architecture;
+    b.attn.rope_tables_fp32 = arch == "LlamaForCausalLM" || arch == "Qwen2ForCausalLM" ||
+                              arch == "Qwen2MoeForCausalLM" || arch == "Qwen3ForCausalLM";
     b.attn.scores.softcap = static_cast<float>(cfg_.attn_softcap);
     if (cfg_.query_pre_attn_scalar > 0)
       b.attn.scores.scale = static_cast<float>(1.0 / std::sqrt(cfg_.query_pre_attn_scalar));

@@ -22,7 +22,12 @@
 // (Gemma2RMSNorm's torch.zeros, which _init_weights leaves alone) and lm_head is tied.
 //
 // What each layer saves: models/layers/{rmsnorm,attention,llama_mlp}.h; the block and head:
-// models/families/decoder.h. Forward, backward and FLOPs are the decoder's.
+// models/families/decoder.h. Forward, backward and FLOPs are the decoder's. The llama_layers knob
+// says whose saved tensors those are: liger (the default) keeps what fused kernels keep
+// (Liger-Kernel's RMSNorm and SwiGLU, RoPE in place, grouped-query attention without repeated
+// K/V); hf-eager keeps, besides, what HF's eager modeling code (transformers 4.46.3) keeps under
+// autograd, and frees it when autograd would. Only the bytes differ: the ops are the same, so
+// the numbers are too (tests/models/test_llama_layers.cpp).
 #pragma once
 
 #include <string>

@@ -94,7 +94,14 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
   const std::int64_t W =
       split ? stacked_out_features(c, a.qkv_proj) : c.weight(a.c_attn.weight).dim(0);
   const std::int64_t Y = y_width(W, a), NH = a.n_head;
+  const bool cast = c.in_dtype(Op::linear, inp) != inp.dtype();
   inp = c.cast_input(Op::linear, std::move(inp));
+  // HF's eager code under autocast (hf_eager): q_proj, k_proj and v_proj each cast the input (an
+  // op's input casts are not cached, only the weights'), and each keeps its own for backward.
+  if (c.hf_eager && cast && split) {
+    const auto extra = static_cast<std::int64_t>(a.qkv_proj.parts.size()) - 1;
+    c.keep("attn.inp_casts", c.act_tensor({extra * inp.dim(0), C}, inp.dtype()));
+  }
   Tensor qkv;  // (B·T, (NH + 2·NKV)·hd): this rank's heads
   {
     // Column-parallel: this rank's heads read every token (gathered under SP, and freed again:
@@ -111,6 +118,26 @@ Tensor attention_forward(LayerCtx& c, Tensor inp, std::int64_t B, std::int64_t T
   if (a.qk_norm) qk_norm_forward(c, qkv, a);
   qkv.reshape({B, T, W});
   if (a.rope) c.ops().rope_forward(qkv, a.n_head, a.n_kv_head, *a.rope);
+  // HF's eager code (hf_eager): repeat_kv's expanded K and V, (B, NH, T, hd) each, are what the
+  // scores' and the output's matmuls keep in place of the NKV heads' (which are freed); under
+  // selective checkpointing they are part of the recomputed core.
+  if (c.hf_eager) {
+    const std::int64_t hd = W / (NH + 2 * std::int64_t{a.n_kv_head});
+    // Selective checkpointing recomputes the math core (flash has none to recompute).
+    const bool core_recomputed = c.selective && c.attention == AttentionKind::math;
+    if (a.n_kv_head != a.n_head && !core_recomputed)
+      c.keep("attn.kv_rep", c.act_tensor({B, T, 2 * (NH - a.n_kv_head) * hd}, qkv.dtype()));
+    // Under autocast HF rotates the 16-bit q and k with fp32 cos and sin (computed from the fp32
+    // hidden states), so the rotated q and k are fp32: transients that the scores' matmul casts
+    // back to 16 bits, but what a selective checkpoint of the core keeps as its inputs. qkv holds
+    // them in 16 bits; the rest of their bytes (2 more per element) is kept beside it.
+    if (core_recomputed && a.rope_tables_fp32 && dtype_size(qkv.dtype()) == 2)
+      c.keep("attn.qk_f32", c.act_tensor({B * T, (NH + a.n_kv_head) * (hd / 2)}, DType::F32));
+    // Mistral's, Phi-3's, Gemma 2's and Mixtral's attention make their own rotary tables,
+    // (1, T, hd) each in value_states' dtype, which the rotation's multiplies keep.
+    if (a.rope && !a.rope_tables_fp32)
+      c.keep("attn.rope_tables", c.act_tensor({2, T, hd}, qkv.dtype()));
+  }
 
   // Allocation order (probabilities or lse, then y) is the one both backends and the memory
   // model make.
@@ -198,8 +225,11 @@ Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAtten
     dy.reset();
   }
 
+  for (const char* k : {"attn.kv_rep", "attn.qk_f32"})  // their matmuls have run
+    if (c.has(k)) (void)c.saved.take(c.segment, k);
   // The rotation is orthogonal: its transpose takes d(rotated q, k) to d(q, k).
   if (a.rope) c.ops().rope_backward(dqkv, a.n_head, a.n_kv_head, *a.rope);
+  if (c.has("attn.rope_tables")) (void)c.saved.take(c.segment, "attn.rope_tables");
   dqkv.reshape({B * T, W});
   if (a.qk_norm) qk_norm_backward(c, dqkv, a);
   const Tensor& inp = c.get("attn.inp");
@@ -212,6 +242,7 @@ Tensor attention_backward(LayerCtx& c, const Tensor& dout, const CausalSelfAtten
     linear_backward(c, &dinp, dqkv, x, a.c_attn);
   gathered.reset();
   dqkv.reset();
+  if (c.has("attn.inp_casts")) (void)c.saved.take(c.segment, "attn.inp_casts");
   return enter_column_parallel_grad(c, std::move(dinp));
 }
 

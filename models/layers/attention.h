@@ -25,6 +25,19 @@
 // its lse in fp32. RoPE runs in qkv's dtype (Op::rope: HF rotates the linear's 16-bit output
 // with cos and sin cast to it), so the rotated qkv is saved as the linear's output would be.
 //
+// With llama_layers hf-eager (LayerCtx::hf_eager: HF's eager LlamaAttention, transformers 4.46.3)
+// the layer also keeps repeat_kv's expanded K and V beyond the NKV heads' ("attn.kv_rep",
+// (B, T, 2·(NH − NKV)·hd) in qkv's dtype: what the scores' and the output's matmuls keep in
+// place of the NKV heads; with flash, SDPA's inputs, as LlamaSdpaAttention repeats them too),
+// unless selective checkpointing recomputes them with the math core; under autocast, k_proj's
+// and v_proj's own 16-bit casts of the input ("attn.inp_casts"), and, under selective
+// checkpointing, the rest of the bytes of the fp32 rotated q and k that the core's checkpoint
+// keeps ("attn.qk_f32", where rope_tables_fp32: HF's cos and sin are fp32, made from the fp32
+// hidden states, so q·cos + rotate_half(q)·sin promotes); and the rotary tables cos and sin,
+// (1, T, hd) each, which the rotation's multiplies keep: once per forward with the stem, fp32,
+// where rope_tables_fp32 ("rope.tables", models/families/decoder.cpp), else per layer in qkv's
+// dtype ("attn.rope_tables"). None is read by the ops: the arithmetic is liger's.
+//
 // Qwen3 (transformers 4.51.0 modeling_qwen3.py, Qwen3Attention) normalises each query and key head
 // before the rotation: q = q_norm(q_proj(x).view(B, T, NH, hd)), k likewise with k_norm, RMSNorms
 // over hd (weights (hd), eps rms_norm_eps). Here the projection writes the packed qkv, the q and k
@@ -70,6 +83,10 @@ struct CausalSelfAttention {
   AttentionScores scores{};        // Gemma 2: query_pre_attn_scalar's scale, soft-capping
   bool output_saved = false;       // Gemma 2: the output is an activation its post-norm keeps
   bool softmax_fp32 = false;       // HF's eager attention: fp32 probabilities for 16-bit q, k
+  // HF makes cos and sin once per forward from the fp32 hidden states (LlamaModel.rotary_emb),
+  // not per layer from value_states in its dtype (Mistral, Phi-3, Gemma 2, Mixtral in 4.46.3):
+  // under autocast its rotated q and k are fp32 (hf_eager, above).
+  bool rope_tables_fp32 = false;
 };
 
 // inp (B·T, C), moved in (it is saved as c_attn's input, cast to its input dtype first) ->

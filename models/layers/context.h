@@ -55,6 +55,10 @@ struct LayerCtx {
   bool selective = false;  // skip saving what is cheap to recompute (selective checkpointing)
   bool recompute = false;  // re-running a forward for backward: no side effects (BN stats)
   AttentionKind attention = AttentionKind::math;  // RunOptions::attention
+  // RunOptions::llama_layers is hf_eager: the Llama-like layers (RMSNorm, the Llama MLP, RoPE
+  // attention) keep what HF's eager code keeps besides what their fused ops need, the bytes
+  // autograd holds; the ops and so the arithmetic are the same (models/families/llama.h).
+  bool hf_eager = false;
   bool backward = false;  // in Model::backward: saved weight casts are read, never made
   // Tensor parallelism (models/layers/tensor_parallel.h): the tp group of this model replica
   // (null: one rank, no collective), and whether the residual stream's tokens are split over it

@@ -9,8 +9,10 @@ bool fused(const LlamaMlp& m) {
   return m.gate_up_proj.weight >= 0;
 }
 
-// The gating: SwiGLU, or Gemma 2's GeGLU.
+// The gating: SwiGLU, or Gemma 2's GeGLU. HF's eager act_fn(gate) * up (hf_eager) keeps
+// act_fn(gate) (N, I) as the multiply's other operand, in gate's dtype; the fused op recomputes it.
 void glu_forward(LayerCtx& c, Tensor& h, const Tensor& gate, const Tensor& up, const LlamaMlp& m) {
+  if (c.hf_eager) c.keep(m.key + "act", c.act_tensor(gate.shape(), h.dtype()));
   if (m.gelu)
     c.ops().geglu_forward(h, gate, up);
   else
@@ -23,6 +25,7 @@ void glu_backward(LayerCtx& c, Tensor& dgate, Tensor& dup, const Tensor& gate, c
     c.ops().geglu_backward(dgate, dup, dgate, gate, up);
   else
     c.ops().swiglu_backward(dgate, dup, dgate, gate, up);
+  if (c.has(m.key + "act")) (void)c.saved.take(c.segment, m.key + "act");
 }
 
 // Phi-3: the halves of the saved (N, 2I) gate_up as two (N, I) temporaries.
@@ -82,7 +85,12 @@ Tensor mlp_forward_on(LayerCtx& c, const Tensor& inp, const LlamaMlp& m) {
 
 Tensor mlp_forward(LayerCtx& c, Tensor inp, const LlamaMlp& m) {
   ScopedRange scope(c.dev, "mlp");  // names the trace's allocations
+  const bool cast = c.in_dtype(Op::linear, inp) != inp.dtype();
   inp = c.cast_input(Op::linear, std::move(inp));
+  // HF's eager code under autocast (hf_eager): gate_proj and up_proj each cast the input and keep
+  // their own cast (autocast caches the weights' casts only).
+  if (c.hf_eager && cast && !fused(m))
+    c.keep(key(m, "inp_cast"), c.act_tensor(inp.shape(), inp.dtype()));
   if (!fused(m)) return unfused_forward(c, inp, m, true, &inp);
   // Phi-3's gate_up_proj, whole (tensor parallelism refuses it: llama.cpp)
   const std::int64_t N = inp.dim(0), C = inp.dim(1);
@@ -145,6 +153,7 @@ Tensor mlp_backward(LayerCtx& c, const Tensor& dout, const LlamaMlp& m) {
   c.ops().add_inplace(dinp, dinp_up);
   dinp_up.reset();
   gathered.reset();
+  if (c.has(key(m, "inp_cast"))) (void)c.saved.take(c.segment, key(m, "inp_cast"));
   return enter_column_parallel_grad(c, std::move(dinp));
 }
 

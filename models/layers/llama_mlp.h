@@ -4,6 +4,11 @@
 // Saved: "mlp.inp" (the input of gate_proj and up_proj), "mlp.gate" and "mlp.up" (N, I) (the
 // SwiGLU inputs), "mlp.h" (N, I) (down_proj's input). HF under autograd keeps silu(gate) (N, I)
 // as well (the multiply's other operand); Ops::swiglu_backward recomputes it from gate instead.
+// With llama_layers hf-eager (LayerCtx::hf_eager) this layer keeps what HF's eager
+// act_fn(gate_proj(x)) * up_proj(x) keeps: act_fn(gate) ("mlp.act", gate's dtype) and, under
+// autocast, up_proj's own 16-bit cast of the input ("mlp.inp_cast": autocast casts an op's
+// inputs on every call and caches only the weights' casts); both freed after the SwiGLU's and
+// the linears' backward, never read by the ops.
 // Selective checkpointing keeps them all: it recomputes the attention core only (Megatron),
 // models/layers/attention.h. Under autocast the linears cast their input to 16 bits and SwiGLU
 // runs in the dtype it gets (SiLU and mul are on no autocast list: Op::swiglu).

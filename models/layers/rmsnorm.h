@@ -1,8 +1,16 @@
 // RMSNorm (HF LlamaRMSNorm): out = weight · x/√(mean(x²) + eps) over the last dim of (N, C),
 // no bias. Saved: "<key>.rstd" (N) F32; the input is saved by its owner (the block's input or
-// residual). HF under autograd keeps more: the normalised (N, C) row in the input's dtype (the
-// weight's multiplicand) and, for a 16-bit input, the fp32 copy it squares; memtrade's op
-// recomputes x·rstd from x in backward instead (kernels/ops.h rmsnorm_backward).
+// residual). memtrade's op recomputes x·rstd from x in backward (kernels/ops.h rmsnorm_backward),
+// as a fused kernel does (llama_layers liger, the default).
+//
+// HF's eager code under autograd keeps more, and with llama_layers hf-eager (LayerCtx::hf_eager)
+// so does this layer, op by op (transformers 4.46.3 LlamaRMSNorm.forward on torch 1.13):
+// x.to(float32) for a 16-bit x ("<key>.f32", kept by pow and the multiply), pow(2)'s x² (N, C)
+// F32 ("<key>.sq": torch 1.13's MeanBackward1 keeps its input), the mean and its + eps (N, 1)
+// transients, rsqrt (the rstd above), x · rsqrt (N, C) F32 rounded to x's dtype
+// ("<key>.normed", the weight's multiplicand; Gemma2RMSNorm keeps it in fp32, and its (1 + w)
+// (C) F32, "<key>.w1"). They are freed when the norm's backward has run, as autograd frees a
+// node's saved tensors; the op reads none of them, so the arithmetic is liger's, bit for bit.
 //
 // Gemma 2 (transformers 4.46.3 modeling_gemma2.py Gemma2RMSNorm): the weight enters as 1 + w
 // (zeros at init) and the normalised row is not rounded before it; HF's output is type_as(x),

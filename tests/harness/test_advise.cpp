@@ -74,8 +74,9 @@ TEST(AdviseKnobs, EveryAdviseValueIsAcceptedAndCheckpointPlansAreDistinct) {
                                      name == "data_parallel" || name == "sharding" ||
                                      name == "tensor_parallel" || name == "sequence_parallel" ||
                                      name == "expert_parallel" || name == "model_config" ||
-                                     // which torch.optim code the predicted run uses
-                                     name == "optimizer_impl"
+                                     // which torch.optim code the predicted run uses, and
+                                     // whose Llama layers (fused kernels' or HF's eager code)
+                                     name == "optimizer_impl" || name == "llama_layers"
                                  ? "keep"
                                  : "turn")
         << name;

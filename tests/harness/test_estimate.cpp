@@ -193,6 +193,7 @@ zero_grad = ["set_to_none", "zero"]
 mode = ["train", "eval"]
 seq_len = [0, 16]
 attention = ["math", "flash"]
+llama_layers = ["liger", "hf-eager"]
 [baseline]
 model = "llama-tiny"
 precision = "{}"
@@ -253,6 +254,7 @@ offload = ["none", "activations", "optimizer", "params"]
 zero_grad = ["set_to_none", "zero"]
 mode = ["train", "eval"]
 seq_len = [0, 16]
+llama_layers = ["liger", "hf-eager"]
 [baseline]
 precision = "{}"
 )",

@@ -403,6 +403,41 @@ def test_saved_bytes_against_hf_eager(memtrade_bin, tmp_path, case):
     assert abs(ours - theirs + extra) <= 0.01 * theirs, (ours, theirs, extra)
 
 
+def hf_eager_rest(hyper):
+    """What HF's eager decoder keeps that --llama-layers hf-eager does not, the batch's ends
+    aside: Gemma 2's 0-dim float64 scale and caps and its embedding normalizer (eager_extra's)."""
+    extra = 4 if hyper.get("embed_scale") else 0
+    if hyper.get("architecture") == "Gemma2ForCausalLM":
+        L = hyper["n_layer"]
+        extra += 8 * (L * (1 + 2 * (hyper["attn_softcap"] > 0)) + 2 * (hyper["final_softcap"] > 0))
+    return extra
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_saved_bytes_with_hf_eager_layers(memtrade_bin, tmp_path, case):
+    """With --llama-layers hf-eager memtrade keeps what HF's eager model keeps (saved-tensor hooks,
+    fp32), the batch's ends and Gemma 2's scalars aside."""
+    import memtrade_side
+    torch.set_num_threads(1)
+    config = CASES[case]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    flags = ["--backend", "cpu", "--model-config", str(tmp_path / "config.json"), "--seq-len",
+             "16", "--batch-size", "3", "--precision", "fp32", "--optimizer", "sgd"]
+    out, meta = run_dump(memtrade_bin, tmp_path, *flags[2:])
+    trace = memtrade_side.read_trace(memtrade_side.make_trace(
+        memtrade_bin, tmp_path / "run", flags + ["--llama-layers", "hf-eager"]))
+    ours = memtrade_side.live_at_end_of_forward(trace)["requested"]
+    theirs = hf_saved_bytes(out, meta, config)
+    rest = hf_eager_rest(meta["hyper"])
+    # And the batch's ends: HF keeps int64 token ids and targets (8 B a token each) where memtrade
+    # keeps int32 ones and a per-token fp32 loss (4 B each): 4 B a token more; plus the loss's
+    # 0-dim tensors (cross_entropy's total_weight and the mean's, 20 B measured): up to 64 B.
+    tokens = 3 * 16
+    print(f"{case}: HF eager keeps {theirs:,} B, memtrade hf-eager {ours:,} B, gap "
+          f"{ours - theirs:+,} B, Gemma 2's scalars {-rest:+,} B, the rest {ours - theirs + rest:+,} B")
+    assert 4 * tokens <= theirs - ours - rest <= 4 * tokens + 64, (ours, theirs, rest)
+
+
 def test_the_hf_comparison_can_fail(memtrade_bin, tmp_path):
     """memtrade's Llama read as a Qwen2 (HF adds q/k/v biases memtrade does not have): refused by
     the strict load, and with the biases dropped from HF, gradients elsewhere still agree while

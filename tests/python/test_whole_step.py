@@ -28,6 +28,11 @@ RECORDED = {
     ("mlp-tiny", "1", "sgd"): +3.51, ("mlp-tiny", "1", "adam"): -0.02,
     ("cnn-tiny", "0", "sgd"): +5.05, ("cnn-tiny", "0", "adam"): +5.05,
     ("cnn-tiny", "1", "sgd"): +4.45, ("cnn-tiny", "1", "adam"): +4.45,
+    # --llama-layers hf-eager (whole_step.point_flags): the rest is the twin's own (rotary tables
+    # per layer where HF's LlamaModel makes them once, a causal mask per layer) and int64 ids.
+    ("llama-tiny", "0", "sgd"): -0.07, ("llama-tiny", "0", "adam"): -0.07,
+    ("llama-tiny", "1", "sgd"): +0.04, ("llama-tiny", "1", "adam"): +0.04,
+    ("llama-tiny", "0", "sgd", "bf16"): -0.08, ("llama-tiny", "selective", "sgd", "bf16"): -0.03,
 }
 TOLERANCE = 0.1  # percentage points: both sides are deterministic; this absorbs rounding only
 ROWS = []
@@ -42,12 +47,24 @@ def table():
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("checkpoint", ["0", "1"])
-@pytest.mark.parametrize("model", ["gpt-tiny", "mlp-tiny", "cnn-tiny"])
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny", "mlp-tiny", "cnn-tiny"])
 def test_whole_step_peak_near_pytorch(memtrade_bin, model, checkpoint, optimizer):
-    row = whole_step.measure(memtrade_bin, 8, (model, checkpoint, "fp32", optimizer, "1",
+    check_row(memtrade_bin, (model, checkpoint, optimizer), "fp32")
+
+
+@pytest.mark.parametrize("checkpoint", ["0", "selective"])
+def test_llama_bf16_autocast(memtrade_bin, checkpoint):
+    """HF's eager layers under torch.autocast("cpu", bfloat16): each projection's own input cast,
+    and under selective checkpointing the fp32 rotated q and k that the core's checkpoint keeps."""
+    check_row(memtrade_bin, ("llama-tiny", checkpoint, "sgd", "bf16"), "bf16")
+
+
+def check_row(memtrade_bin, key, precision):
+    model, checkpoint, optimizer = key[:3]
+    row = whole_step.measure(memtrade_bin, 8, (model, checkpoint, precision, optimizer, "1",
                                                "set_to_none", "forloop"), warmup=1, threads=1)
     ROWS.append(row)
-    recorded = RECORDED[(model, checkpoint, optimizer)]
+    recorded = RECORDED[key]
     assert abs(100 * row["gap_rel"] - recorded) <= TOLERANCE, (
         f"{row['point']}: memtrade {row['memtrade']:,} B, PyTorch {row['pytorch']:,} B, gap "
         f"{100 * row['gap_rel']:+.2f}% (recorded {recorded:+.2f}%)")
