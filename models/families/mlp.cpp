@@ -38,11 +38,10 @@ void MlpModel::make_batch(std::uint64_t seed, std::int64_t first, std::int64_t b
   make_feature_batch(seed, first, batch, cfg_.in_features, cfg_.classes, input, targets);
 }
 
-Tensor MlpModel::stem_forward(LayerCtx& c, const Tensor& input) {
-  // Block 0 saves its input, which the caller may reuse: keep a copy (B, in).
-  Tensor x = c.dev.empty(input.shape(), c.act, Category::activations);
-  c.ops().cast(x, input);
-  return x;
+Tensor MlpModel::stem_forward(LayerCtx&, const Tensor& input) {
+  // Block 0's linear saves the input itself, as autograd saves the batch it is handed (which
+  // exists before the step): no copy.
+  return saved_in_place(input);
 }
 
 Tensor MlpModel::block_forward(LayerCtx& c, int block, const Tensor& x) {
