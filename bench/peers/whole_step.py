@@ -309,10 +309,9 @@ Every gpt-tiny and llama-tiny row at b8 is within 1%. The gaps left, by cause:
   eager computes each weight gradient into a fresh buffer that AccumulateGrad then adds in, where
   memtrade's kernels add into the existing one (mlp-tiny fp32 SGD, cnn-tiny selective fp32: the
   accumulation bullet's cause); under bf16 autograd frees a linear's saved input cast and its
-  incoming gradient before the weight gradient's ToCopyBackward runs, where memtrade casts the
-  weight gradient first (mlp-tiny bf16 SGD: 1,536 B held through the first layer's fp32 weight
-  gradient; cnn-tiny selective bf16: conv1's weight gradient cast before the input gradients'
-  sum);
+  incoming gradient before the weight gradient's ToCopyBackward runs, where memtrade's linear
+  casts the weight gradient first (mlp-tiny bf16 SGD: 1,536 B held through the first layer's
+  fp32 weight gradient; the CNN's convolutions already run it after);
 - accumulation (the b1 × a2 rows): memtrade adds a micro-batch's weight gradient into the
   existing one inside the GEMM (beta = 1), eager computes it into a fresh buffer that
   AccumulateGrad then adds in, and holds a tied head's gradient of wte in its input buffer until

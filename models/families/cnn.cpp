@@ -181,13 +181,17 @@ void CnnModel::block_backward(LayerCtx& c, int block, Tensor& dres) {
   Tensor db1 = relu_mask(c, dr1, r1);
   dr1.reset();
   r1.reset();
-  Tensor dx1 = conv_backward(c, bn_backward(c, db1, true, b.c1), x, b.c1, true);
-  // Autograd's input buffer of x adds its two gradients into a new tensor.
+  std::optional<ParamGrad> gw1;
+  Tensor dx1 = conv_backward(c, bn_backward(c, db1, true, b.c1), x, b.c1, true, &gw1);
+  // Autograd's input buffer of x adds its two gradients into a new tensor as conv1's node hands
+  // dx1 on; then conv1's weight cast's ToCopyBackward runs (made after the ReLU that produced x,
+  // so before that ReLU's backward).
   Tensor dx = c.temp_like(x);
   c.ops().add(dx, b.downsample ? dshort : dres, dx1);
   dshort.reset();
   dres.reset();
   dx1.reset();
+  gw1->finish();
   dres = relu_mask(c, dx, x);  // x is the previous ReLU output
 }
 

@@ -79,20 +79,21 @@ Tensor bn_backward(LayerCtx& c, Tensor& dout, bool last_use, const ConvBn& l) {
   return dconv;
 }
 
-Tensor conv_backward(LayerCtx& c, Tensor dconv, const Tensor& inp, const ConvBn& l,
-                     bool want_dinp) {
+Tensor conv_backward(LayerCtx& c, Tensor dconv, const Tensor& inp, const ConvBn& l, bool want_dinp,
+                     std::optional<ParamGrad>* weight_grad) {
   ScopedRange scope(c.dev, "conv_bn");  // names the trace's allocations
   // Autograd's ConvolutionBackward: the input's gradient, then the weight's; once it has run,
   // its saved weight cast and its incoming gradient are freed before the weight's gradient goes
   // on through ToCopyBackward (ParamGrad::finish).
   Tensor dinp = want_dinp ? c.temp_like(inp) : Tensor();
   const Tensor& w = c.op_weight(Op::conv2d, l.conv);
-  ParamGrad gw(c, l.conv, w.dtype());
+  std::optional<ParamGrad> here;
+  ParamGrad& gw = (weight_grad ? *weight_grad : here).emplace(c, l.conv, w.dtype());
   c.ops().conv2d_backward(want_dinp ? &dinp : nullptr, &gw.t(), nullptr, dconv, inp, w, l.stride,
                           l.pad, gw.accumulate());
   c.release_weight_cast(l.conv);
   dconv.reset();
-  gw.finish();
+  if (!weight_grad) gw.finish();
   return dinp;
 }
 

@@ -6,6 +6,7 @@
 // (kept for backward) and batch-norm runs in its input's dtype with fp32 weights and statistics.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "models/layers/context.h"
@@ -37,8 +38,11 @@ Tensor conv_bn_reapply(LayerCtx& c, const ConvBn& l, Category out_category);
 // node reads it).
 Tensor bn_backward(LayerCtx& c, Tensor& dout, bool last_use, const ConvBn& l);
 // The conv's: its weight gradient, and its input's gradient (N, Ci, H, W) when `want_dinp`
-// (else undefined), from `dconv` (freed here) and the forward input `inp`.
-Tensor conv_backward(LayerCtx& c, Tensor dconv, const Tensor& inp, const ConvBn& l, bool want_dinp);
+// (else undefined), from `dconv` (freed here) and the forward input `inp`. With `weight_grad`
+// the weight gradient's ParamGrad is left there for the caller to finish(): autograd runs the
+// weight cast's ToCopyBackward as a node of its own, which may come after others.
+Tensor conv_backward(LayerCtx& c, Tensor dconv, const Tensor& inp, const ConvBn& l, bool want_dinp,
+                     std::optional<ParamGrad>* weight_grad = nullptr);
 Shape conv_out_shape(const Shape& inp, std::int64_t out_channels, int kernel, int stride, int pad);
 
 }  // namespace memtrade
