@@ -302,16 +302,14 @@ backward holds log_softmax + nll_loss backward's three (N, V) buffers; the GPT M
 saved tensor once the op that reads it has run its backward; a linear frees its saved weight
 cast and its incoming gradient's cast before the weight's gradient goes through ToCopyBackward.
 Every gpt-tiny and llama-tiny row at b8 is within 1%. The gaps left, by cause:
-- mlp-tiny and cnn-tiny at b8 (the first layer saves the staged batch in place; the CNN's
-  backward runs autograd's nodes in its order, the shortcut's first, each freeing its saved
-  tensors and its incoming gradient once it has run, and its forward adds the shortcut into a
-  new tensor, as eager does, which a recompute's peak holds): with zero_grad(set_to_none=False)
-  eager computes each weight gradient into a fresh buffer that AccumulateGrad then adds in, where
-  memtrade's kernels add into the existing one (mlp-tiny fp32 SGD, cnn-tiny selective fp32: the
-  accumulation bullet's cause); under bf16 autograd frees a linear's saved input cast and its
-  incoming gradient before the weight gradient's ToCopyBackward runs, where memtrade's linear
-  casts the weight gradient first (mlp-tiny bf16 SGD: 1,536 B held through the first layer's
-  fp32 weight gradient; the CNN's convolutions already run it after);
+- mlp-tiny and cnn-tiny at b8: the first layer saves the staged batch in place; the CNN's
+  backward runs autograd's nodes in its order (the shortcut's first), each op freeing its saved
+  tensors and its incoming gradient once it has run, and (as the MLP's linears do) before its
+  weight gradient's ToCopyBackward; the CNN's forward adds the shortcut into a new tensor, as
+  eager does, which a recompute's peak holds. Left: mlp-tiny ck1 bf16 SGD with
+  zero_grad(set_to_none=False), +4.1% (1,044 B): memtrade's block masks the previous block's
+  ReLU with its own saved input, which PyTorch's checkpoint has already freed, taking that ReLU
+  output from the previous segment's recompute;
 - accumulation (the b1 × a2 rows): memtrade adds a micro-batch's weight gradient into the
   existing one inside the GEMM (beta = 1), eager computes it into a fresh buffer that
   AccumulateGrad then adds in, and holds a tied head's gradient of wte in its input buffer until

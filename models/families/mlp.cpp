@@ -83,21 +83,24 @@ Tensor MlpModel::head_backward(LayerCtx& c, float dloss) {
   const Tensor& x = c.get("x");  // the last hidden ReLU output
   Tensor dlogits = crossentropy_loss_backward(c, dloss, c.out_dtype(Op::linear, x));
   Tensor dx = c.temp_like(x);
-  linear_backward(c, &dx, dlogits, x, layers_.back());
-  dlogits.reset();
+  linear_backward(c, &dx, dlogits, x, layers_.back(), [&] { dlogits.reset(); });
   return relu_mask(c, dx, x);
 }
 
+// dres (and block 0's saved input, under autocast its cast) are freed as autograd frees
+// AddmmBackward's incoming gradient and saved input: before the weight gradient's cast.
 void MlpModel::block_backward(LayerCtx& c, int block, Tensor& dres) {
-  const Tensor& x = c.get("x");  // (N, in)
-  if (block == 0) {              // the input needs no gradient
-    linear_backward(c, nullptr, dres, x, layers_[0]);
-    dres.reset();
+  if (block == 0) {                           // the input needs no gradient
+    Tensor x = c.saved.take(c.segment, "x");  // (N, in)
+    linear_backward(c, nullptr, dres, x, layers_[0], [&] {
+      dres.reset();
+      x.reset();
+    });
     return;
   }
+  const Tensor& x = c.get("x");  // (N, in)
   Tensor dx = c.temp_like(x);
-  linear_backward(c, &dx, dres, x, layers_[block]);
-  dres.reset();
+  linear_backward(c, &dx, dres, x, layers_[block], [&] { dres.reset(); });
   dres = relu_mask(c, dx, x);  // x is the previous block's ReLU output
 }
 
