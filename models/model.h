@@ -167,7 +167,9 @@ class Model {
                           std::vector<float>& input, std::vector<std::int32_t>& targets) const = 0;
 
   // Forward of one micro-batch; returns per-row losses (N,) F32 on the device. In training
-  // mode it keeps what backward needs (per options); in eval mode it keeps nothing.
+  // mode it keeps what backward needs (per options); in eval mode it keeps nothing. A training
+  // forward may keep `input` itself for backward, as autograd does: the caller keeps it alive
+  // and unchanged until backward().
   virtual Tensor forward(Device& dev, ParamStore& store, const Tensor& input, const Tensor& targets,
                          const RunOptions& options) = 0;
   // Backward of the last forward with dL/dloss_row = dloss for every row (the Trainer passes

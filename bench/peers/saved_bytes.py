@@ -16,7 +16,9 @@ torch-cuda by default). PyTorch's twin (torch_models) runs the point's batch
 exactly memtrade's recomputed segments) and torch_saved measures what it keeps:
 
   torch (a)   saved-tensor hooks, unique storages, parameters/buffers excluded, plus the inputs
-              of checkpointed segments (which the checkpoint keeps without a pack hook)
+              of checkpointed segments (which the checkpoint keeps without a pack hook); all
+              without the MLP's or CNN's input batch, which both sides save in place (memtrade
+              its staged input, category io)
   hook-only   (a) without those checkpoint inputs (what a hook-only count reports)
   (b) malloc  glibc mallinfo2 delta over the forward, on (a)'s footing (+ saved batch - loss -
               weight casts); also counts graph nodes, malloc overhead, checkpoint RNG states
@@ -155,14 +157,23 @@ def measure_point(point, autocast, mallinfo=True, profiler=False):
     x, t = torch_saved.make_batch(family, point.hyper, int(c["batch_size"]), point.dump)
     kept, rec = torch_saved.measure(model, plan, x, t, autocast,
                                     mallinfo=mallinfo, profiler=profiler)
+    # The MLP's features and the CNN's images: both sides keep the batch itself where they keep
+    # it (PyTorch's exists before the forward; memtrade's first layer saves its staged input,
+    # category io, in place), so neither count has it. Token ids stay counted: memtrade's
+    # embedding keeps an int32 copy of them.
+    saved_x = rec.saved.get(torch_saved.storage_key(x)[0]) if x.is_floating_point() else None
+    in_place = saved_x.nbytes if saved_x else 0
+    ck_in_place = in_place if saved_x and saved_x.kind == "checkpoint_input" else 0
+    minus = lambda v: None if v is None else v - in_place  # noqa: E731
     row = {"point": point.label, "autocast": autocast,
-           "segments": plan["segments"], "torch_a": kept.hooks,
-           "torch_hook_only": kept.hooks_only, "checkpoint_inputs": kept.checkpoint_inputs,
-           "saved_batch": kept.inputs, "weight_casts": kept.weight_casts,
-           "checkpoints": kept.checkpoints,
+           "segments": plan["segments"], "torch_a": kept.hooks - in_place,
+           "torch_hook_only": kept.hooks_only - (in_place - ck_in_place),
+           "checkpoint_inputs": kept.checkpoint_inputs - ck_in_place,
+           "saved_batch": kept.inputs, "input_in_place": in_place,
+           "weight_casts": kept.weight_casts, "checkpoints": kept.checkpoints,
            "rng_states": kept.checkpoints * torch_saved.checkpoint_rng_state_bytes(),
-           "mallinfo_raw": kept.mallinfo, "mallinfo": kept.comparable(kept.mallinfo),
-           "profiler_raw": kept.profiler, "profiler": kept.comparable(kept.profiler),
+           "mallinfo_raw": kept.mallinfo, "mallinfo": minus(kept.comparable(kept.mallinfo)),
+           "profiler_raw": kept.profiler, "profiler": minus(kept.comparable(kept.profiler)),
            "memtrade": None, "memtrade_rounded": None, "gap": None, "gap_rel": None,
            "memtrade_casts": None}
     if point.trace is not None:
@@ -173,8 +184,8 @@ def measure_point(point, autocast, mallinfo=True, profiler=False):
                            f"requested-bytes count")
         row["memtrade"], row["memtrade_rounded"] = m["requested"], m["bytes"]
         row["memtrade_casts"] = casts["requested"]
-        row["gap"] = m["requested"] - kept.hooks
-        row["gap_rel"] = row["gap"] / kept.hooks if kept.hooks else None
+        row["gap"] = m["requested"] - row["torch_a"]
+        row["gap_rel"] = row["gap"] / row["torch_a"] if row["torch_a"] else None
     row["family"] = family
     row["eager_extra"] = llama_eager_extra(point.hyper, int(c["batch_size"]), plan, autocast)
     breakdown = [dataclasses.asdict(s) for s in rec.saved.values()]
@@ -228,7 +239,9 @@ def markdown_page(rows, cpu, torch_version):
            f"{torch_version} (the nanoGPT/MLP/CNN twins of `bench/peers/torch_models.py` on the "
            "same batch, same checkpoint plan: saved-tensor hooks over unique storages, parameters "
            "excluded, plus the inputs a non-reentrant `torch.utils.checkpoint` keeps through its "
-           "closure, which no hook sees). Written by `bench/peers/saved_bytes.py --markdown` "
+           "closure, which no hook sees; without the MLP's and CNN's input batch, which both "
+           "keep in place: PyTorch's exists before the forward, memtrade's first layer saves "
+           "its staged input, category `io`). Written by `bench/peers/saved_bytes.py --markdown` "
            f"on {cpu}; `tests/python/test_saved_bytes.py` holds every row within 1%.", "",
            "How each knob is done in PyTorch:", "",
            "- checkpoint `d`, `sqrt`: `torch.utils.checkpoint(..., use_reentrant=False)` around "

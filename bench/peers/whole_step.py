@@ -16,17 +16,25 @@ report the peak of live bytes above the step's start, once the optimizer state e
             parameters, checkpoint plan, optimizer hyper-parameters), a step as peer_point runs
             it (k micro-batches, each loss / k backward, opt.step(), opt.zero_grad(set_to_none)),
             measured by torch.profiler's allocator records (profile_memory=True): the running sum
-            of every [memory] event's bytes, its maximum. The micro-batches exist before the step.
+            of every allocation's bytes, its maximum, without each op's own scratch (a block
+            that one ATen op call, the outermost aten:: op, allocates and frees before it
+            returns: oneDNN's reorders of a convolution's operands, the im2col columns of ATen's
+            bf16 convolution, the CPU batch-norm backward's buffer). That is what memtrade's side
+            leaves out as category `workspace` below: the CPU kernels' library scratch (on CUDA,
+            cuDNN's workspace takes its place, modelled apart). It changes nothing on GPT, Llama
+            and the MLP; it lowers cnn-tiny's b8 peak without checkpointing from 724,852 to
+            624,500 B (fp32) and from 556,068 to 335,140 B (bf16, whose peak was a convolution
+            backward's 294,912 B of columns). The micro-batches exist before the step.
             Checkpoints run with preserve_rng_state=False: the CPU RNG state each would stash
             (5056 B) is host memory on CUDA, which max_memory_allocated() does not count, and
             the twins draw no random numbers.
   memtrade  `run --trace` of the same point, the last measured step: the running sum of the
             requested bytes of every alloc and free, its maximum, without categories `io`
             (memtrade stages the batch on the device inside the step; PyTorch's CPU twin reads
-            the host batch in place) and `workspace` (memtrade's CPU backend stages 16-bit GEMM
-            operands and convolution columns in fp32 scratch, OpenBLAS having neither: library
-            scratch, which PyTorch's CPU kernels, oneDNN's, keep outside the allocator that the
-            profiler records).
+            the host batch in place; memtrade's first layer saves that staged batch in place, as
+            PyTorch's saves its own) and `workspace` (memtrade's CPU backend stages 16-bit GEMM
+            operands and convolution columns in fp32 scratch inside the op, OpenBLAS having
+            neither: the op's own scratch, left out on PyTorch's side too).
 
 Precision bf16 is memtrade's torch-cpu autocast policy against torch.autocast("cpu", bfloat16).
 A llama-* point runs memtrade with --llama-layers hf-eager, its model of HF's eager layers (the
@@ -180,19 +188,45 @@ def torch_peak(point, impl, warmup, threads=None):
                 step()
     finally:
         torch_models.preserve_rng_state = True
-    events = list(prof.profiler.kineto_results.events())
-    mark = [e for e in events if e.name() == STEP_MARK]
-    begin = mark[0].start_us() if mark else None
-    end = begin + mark[0].duration_us() if mark else None
     live = in_step = out_step = 0  # peaks inside and outside optimizer.step()
-    for e in events:
-        if e.name() == "[memory]":
-            live += e.nbytes()
-            if mark and begin <= e.start_us() <= end:
-                in_step = max(in_step, live)
-            else:
-                out_step = max(out_step, live)
+    for size, step_op in allocations(prof.profiler.kineto_results.experimental_event_tree()):
+        live += size
+        if step_op:
+            in_step = max(in_step, live)
+        else:
+            out_step = max(out_step, live)
     return max(in_step, out_step), in_step, out_step
+
+
+def allocations(tree):
+    """The allocator's records of a profiled step in order, as (bytes, inside optimizer.step()),
+    without the ops' own scratch: a block that one ATen op call (the outermost aten:: op, as
+    the model or an autograd node calls it) allocates and frees before it returns. See the
+    module doc."""
+    records = []  # (time, id, bytes, ptr, outermost aten op's id or None, in step)
+
+    def walk(node, op, step):
+        if op is None and node.name.startswith("aten::"):
+            op = node.id
+        step = step or node.name == STEP_MARK
+        if str(node.tag).endswith("Allocation"):
+            f = node.extra_fields
+            records.append((node.start_time_ns, node.id, f.alloc_size, f.ptr, op, step))
+        for child in node.children:
+            walk(child, op, step)
+
+    for root in tree:
+        walk(root, None, False)
+    records.sort(key=lambda r: (r[0], r[1]))
+    scratch, made_in = set(), {}  # ids left out; ptr -> (id, op) of its live allocation
+    for _, rid, size, ptr, op, _ in records:
+        if size > 0:
+            made_in[ptr] = (rid, op)
+        elif ptr in made_in:
+            alloc_id, alloc_op = made_in.pop(ptr)
+            if op is not None and op == alloc_op:
+                scratch |= {alloc_id, rid}
+    return [(size, step) for _, rid, size, _, _, step in records if rid not in scratch]
 
 
 def label(model, batch, checkpoint, precision, optimizer, accumulation, zero_grad, impl):
@@ -252,8 +286,11 @@ optimizer state exists: PyTorch 1.13 eager on the CPU (the twins of
 `bench/peers/torch_models.py`, torch.profiler's allocator records; checkpoints without the CPU RNG
 state they would stash, host memory on CUDA) against memtrade's traced step (requested bytes;
 left out: the staged input batch, category `io`, since PyTorch's CPU twin reads the host batch
-in place, and the CPU backend's fp32 staging of 16-bit GEMM operands and convolution columns,
-category `workspace`, library scratch that PyTorch's oneDNN kernels keep outside the allocator).
+in place, as memtrade's first layer saves the staged batch in place; and on both sides each op's
+own scratch: memtrade's category `workspace`, the CPU backend's fp32 staging of 16-bit GEMM
+operands and convolution columns, and in PyTorch every block that one ATen op allocates and frees
+before it returns: oneDNN's reorders, the bf16 convolution's im2col columns, the CPU batch-norm
+backward's buffer).
 Both run torch.optim's for-loop implementation (PyTorch's default on CPU tensors; memtrade
 `--optimizer-impl forloop`) unless the point says foreach; for foreach Adam, AdamW and Adagrad
 the last columns take out the one whole fp32 state that torch 1.13's `_multi_tensor_*` keeps and
@@ -265,13 +302,14 @@ backward holds log_softmax + nll_loss backward's three (N, V) buffers; the GPT M
 saved tensor once the op that reads it has run its backward; a linear frees its saved weight
 cast and its incoming gradient's cast before the weight's gradient goes through ToCopyBackward.
 Every gpt-tiny and llama-tiny row at b8 is within 1%. The gaps left, by cause:
-- mlp-tiny and cnn-tiny: memtrade's stem keeps a copy of the staged batch (1,024 B and
-  24,576 B at b8, category activations), which PyTorch's first layer saves in place, made before
-  the step (mlp-tiny SGD: +3.51%, exactly that copy and the loss's 20 B); under bf16 also the
-  order in which the first layer's saved input cast and incoming gradient are freed;
-- cnn-tiny: PyTorch's oneDNN convolutions keep reorder buffers in the allocator (all the more in
-  bf16), where memtrade's CPU convolution stages in `workspace`, left out here; its backward is
-  not yet traced op by op;
+- mlp-tiny and cnn-tiny at b8: the first layer saves the staged batch in place; the CNN's
+  backward runs autograd's nodes in its order (the shortcut's first), each op freeing its saved
+  tensors and its incoming gradient once it has run, and (as the MLP's linears do) before its
+  weight gradient's ToCopyBackward; the CNN's forward adds the shortcut into a new tensor, as
+  eager does, which a recompute's peak holds. Left: mlp-tiny ck1 bf16 SGD with
+  zero_grad(set_to_none=False), +4.1% (1,044 B): memtrade's block masks the previous block's
+  ReLU with its own saved input, which PyTorch's checkpoint has already freed, taking that ReLU
+  output from the previous segment's recompute;
 - accumulation (the b1 × a2 rows): memtrade adds a micro-batch's weight gradient into the
   existing one inside the GEMM (beta = 1), eager computes it into a fresh buffer that
   AccumulateGrad then adds in, and holds a tied head's gradient of wte in its input buffer until

@@ -10,7 +10,8 @@
 // the weights again); the driver clears the ParamStore's weight-cast cache when a region ends.
 //
 // Protocol of the parts:
-//   - stem_forward returns x0, the first block's input (category activations);
+//   - stem_forward returns x0, the first block's input (category activations, or a view of the
+//     model input, which the caller keeps until backward);
 //   - block_forward(i, x) returns block i's output; the driver, not the block, saves x under
 //     (i, "x") when the block keeps its insides or starts a recomputed segment, unless the block
 //     saved an "x" of its own: a block whose first op reads x through autocast's cast keeps the

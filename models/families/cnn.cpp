@@ -91,11 +91,12 @@ Tensor relu_mask(LayerCtx& c, const Tensor& d, const Tensor& r) {
 
 Tensor CnnModel::stem_forward(LayerCtx& c, const Tensor& input) {
   // The conv's weight gradient needs its input: autocast's 16-bit cast of the image where the
-  // conv reads one (kept, as autograd keeps it), else a copy (the caller may reuse the input).
+  // conv reads one (kept, as autograd keeps it), else the image itself, as autograd saves the
+  // batch it is handed (which exists before the step): no copy.
   Tensor cast;
   const Tensor& img = c.cast_input(Op::conv2d, input, cast);
   Tensor b = conv_bn_forward(c, img, stem_, Category::temporaries);  // (N, C0, S, S)
-  if (c.save) c.keep("img", cast.defined() ? std::move(cast) : copy_for_backward(c, input));
+  if (c.save) c.keep("img", cast.defined() ? std::move(cast) : saved_in_place(input));
   return relu(c, b, Category::activations);
 }
 
@@ -106,14 +107,19 @@ Tensor CnnModel::block_forward(LayerCtx& c, int block, const Tensor& x) {
   const bool keep_r1 = c.save && !c.selective;
   Tensor r1 = relu(c, b1, keep_r1 ? Category::activations : Category::temporaries);
   b1.reset();
-  Tensor sum = conv_bn_forward(c, r1, b.c2, Category::temporaries);
+  // Selective: PyTorch's checkpoint around bn1 -> relu -> conv2 keeps none of it, conv2's
+  // weight cast included (its recompute makes it again).
+  Tensor y = conv_bn_forward(c, r1, b.c2, Category::temporaries, !c.selective);
   if (keep_r1) c.keep("r1", std::move(r1));
   r1.reset();
+  // relu(y + shortcut) as eager evaluates it: the sum is a new tensor, and y and the sum are
+  // freed once the ReLU has run (a recompute's peak holds all three).
+  Tensor sum = c.temp(y.shape(), y.dtype());
   if (b.downsample) {
     Tensor sc = conv_bn_forward(c, x, b.ds, Category::temporaries);
-    c.ops().add_inplace(sum, sc);
+    c.ops().add(sum, y, sc);
   } else {
-    c.ops().add_inplace(sum, x);
+    c.ops().add(sum, y, x);
   }
   return relu(c, sum, Category::activations);
 }
@@ -148,34 +154,49 @@ Tensor CnnModel::head_backward(LayerCtx& c, float dloss) {
 void CnnModel::block_backward(LayerCtx& c, int block, Tensor& dres) {
   const Block& b = blocks_[block];
   const Tensor& x = c.get("x");  // (N, Ci, H, W)
-  // dres = d(sum) of this block's output ReLU (masked by the consumer).
-  Tensor r1_recomputed;
-  if (!c.has("r1")) {
+  // dres = d(sum) of this block's output ReLU (masked by the consumer). Autograd runs the nodes
+  // made last first: the shortcut's BN and conv, then conv2's BN (after which nothing reads
+  // dres, unless it is the identity shortcut's gradient), conv2, the ReLU, conv1's BN and conv1;
+  // each node frees what it saved once it has run.
+  Tensor dshort;  // d(x) through the shortcut; the identity's is dres itself
+  if (b.downsample) dshort = conv_backward(c, bn_backward(c, dres, false, b.ds), x, b.ds, true);
+  Tensor dc2 = bn_backward(c, dres, b.downsample, b.c2);
+  // Selective: the ReLU output again from the saved conv1 output, where PyTorch's checkpoint
+  // around bn1 -> relu -> conv2 recomputes it: after bn2's backward.
+  Tensor r1;
+  if (c.has("r1")) {
+    r1 = c.saved.take(c.segment, "r1");
+  } else {
     Tensor b1 = conv_bn_reapply(c, b.c1, Category::temporaries);
-    r1_recomputed = relu(c, b1, Category::temporaries);
+    r1 = relu(c, b1, Category::temporaries);
+    b1.reset();
+    // conv2's weight cast, made again and kept for its backward alone (the recompute's autocast
+    // region ends here: the cache lets go of it, conv_backward frees it).
+    c.recompute = true;
+    c.op_weight(Op::conv2d, b.c2.conv);
+    c.recompute = false;
+    c.store.clear_casts();
   }
-  const Tensor& r1 = c.has("r1") ? c.get("r1") : r1_recomputed;
-  Tensor dr1 = c.temp_like(r1);
-  conv_bn_backward(c, &dr1, dres, r1, b.c2);
+  Tensor dr1 = conv_backward(c, std::move(dc2), r1, b.c2, true);
   Tensor db1 = relu_mask(c, dr1, r1);
   dr1.reset();
-  r1_recomputed.reset();
+  r1.reset();
+  std::optional<ParamGrad> gw1;
+  Tensor dx1 = conv_backward(c, bn_backward(c, db1, true, b.c1), x, b.c1, true, &gw1);
+  // Autograd's input buffer of x adds its two gradients into a new tensor as conv1's node hands
+  // dx1 on; then conv1's weight cast's ToCopyBackward runs (made after the ReLU that produced x,
+  // so before that ReLU's backward).
   Tensor dx = c.temp_like(x);
-  conv_bn_backward(c, &dx, db1, x, b.c1);
-  db1.reset();
-  if (b.downsample) {
-    Tensor dsc = c.temp_like(x);
-    conv_bn_backward(c, &dsc, dres, x, b.ds);
-    c.ops().add_inplace(dx, dsc);
-  } else {
-    c.ops().add_inplace(dx, dres);
-  }
+  c.ops().add(dx, b.downsample ? dshort : dres, dx1);
+  dshort.reset();
   dres.reset();
+  dx1.reset();
+  gw1->finish();
   dres = relu_mask(c, dx, x);  // x is the previous ReLU output
 }
 
 void CnnModel::stem_backward(LayerCtx& c, Tensor& dres) {
-  conv_bn_backward(c, nullptr, dres, c.get("img"), stem_);
+  conv_backward(c, bn_backward(c, dres, true, stem_), c.get("img"), stem_, false);
   dres.reset();
 }
 

@@ -38,11 +38,10 @@ void MlpModel::make_batch(std::uint64_t seed, std::int64_t first, std::int64_t b
   make_feature_batch(seed, first, batch, cfg_.in_features, cfg_.classes, input, targets);
 }
 
-Tensor MlpModel::stem_forward(LayerCtx& c, const Tensor& input) {
-  // Block 0 saves its input, which the caller may reuse: keep a copy (B, in).
-  Tensor x = c.dev.empty(input.shape(), c.act, Category::activations);
-  c.ops().cast(x, input);
-  return x;
+Tensor MlpModel::stem_forward(LayerCtx&, const Tensor& input) {
+  // Block 0's linear saves the input itself, as autograd saves the batch it is handed (which
+  // exists before the step): no copy.
+  return saved_in_place(input);
 }
 
 Tensor MlpModel::block_forward(LayerCtx& c, int block, const Tensor& x) {
@@ -84,21 +83,24 @@ Tensor MlpModel::head_backward(LayerCtx& c, float dloss) {
   const Tensor& x = c.get("x");  // the last hidden ReLU output
   Tensor dlogits = crossentropy_loss_backward(c, dloss, c.out_dtype(Op::linear, x));
   Tensor dx = c.temp_like(x);
-  linear_backward(c, &dx, dlogits, x, layers_.back());
-  dlogits.reset();
+  linear_backward(c, &dx, dlogits, x, layers_.back(), [&] { dlogits.reset(); });
   return relu_mask(c, dx, x);
 }
 
+// dres (and block 0's saved input, under autocast its cast) are freed as autograd frees
+// AddmmBackward's incoming gradient and saved input: before the weight gradient's cast.
 void MlpModel::block_backward(LayerCtx& c, int block, Tensor& dres) {
-  const Tensor& x = c.get("x");  // (N, in)
-  if (block == 0) {              // the input needs no gradient
-    linear_backward(c, nullptr, dres, x, layers_[0]);
-    dres.reset();
+  if (block == 0) {                           // the input needs no gradient
+    Tensor x = c.saved.take(c.segment, "x");  // (N, in)
+    linear_backward(c, nullptr, dres, x, layers_[0], [&] {
+      dres.reset();
+      x.reset();
+    });
     return;
   }
+  const Tensor& x = c.get("x");  // (N, in)
   Tensor dx = c.temp_like(x);
-  linear_backward(c, &dx, dres, x, layers_[block]);
-  dres.reset();
+  linear_backward(c, &dx, dres, x, layers_[block], [&] { dres.reset(); });
   dres = relu_mask(c, dx, x);  // x is the previous block's ReLU output
 }
 

@@ -34,10 +34,11 @@ Tensor batchnorm(LayerCtx& c, const Tensor& conv, const ConvBn& l, Category out_
 
 }  // namespace
 
-Tensor conv_bn_forward(LayerCtx& c, const Tensor& inp, const ConvBn& l, Category out_category) {
+Tensor conv_bn_forward(LayerCtx& c, const Tensor& inp, const ConvBn& l, Category out_category,
+                       bool keep_weight_cast) {
   ScopedRange scope(c.dev, "conv_bn");  // names the trace's allocations
   c.expect_input(Op::conv2d, inp);
-  const Tensor& w = c.op_weight(Op::conv2d, l.conv);  // (Co, Ci, K, K)
+  const Tensor& w = c.op_weight(Op::conv2d, l.conv, keep_weight_cast);  // (Co, Ci, K, K)
   const int K = static_cast<int>(w.dim(2));
   Tensor conv = c.act_tensor(conv_out_shape(inp.shape(), w.dim(0), K, l.stride, l.pad),
                              c.out_dtype(Op::conv2d, inp));
@@ -52,18 +53,19 @@ Tensor conv_bn_reapply(LayerCtx& c, const ConvBn& l, Category out_category) {
   return batchnorm(c, c.get(l.key + ".conv"), l, out_category, false, false);
 }
 
-void conv_bn_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout, const Tensor& inp,
-                      const ConvBn& l) {
+Tensor bn_backward(LayerCtx& c, Tensor& dout, bool last_use, const ConvBn& l) {
   ScopedRange scope(c.dev, "conv_bn");  // names the trace's allocations
-  const Tensor& conv = c.get(l.key + ".conv");
+  // Autograd's NativeBatchNormBackward: once it has run, its saved input (the conv output) and
+  // statistics are freed, and so is its incoming gradient where no other node reads it.
+  Tensor conv = c.saved.take(c.segment, l.key + ".conv");
+  Tensor mean = c.saved.take(c.segment, l.key + ".mean");
+  Tensor invstd = c.saved.take(c.segment, l.key + ".invstd");
   Tensor dconv = c.temp_like(conv);
   GradRef gg = c.store.grad(l.bn_weight);
   GradRef gb = c.store.grad(l.bn_bias);
   AccumulateBuffer eager_g = c.accumulate_buffer(l.bn_weight, gg);
   AccumulateBuffer eager_b = c.accumulate_buffer(l.bn_bias, gb);
   const Tensor& gamma = c.weight(l.bn_weight);
-  const Tensor& mean = c.get(l.key + ".mean");
-  const Tensor& invstd = c.get(l.key + ".invstd");
   if (gg.accumulate == gb.accumulate) {
     c.ops().batchnorm_backward(dconv, &gg.t, &gb.t, dout, conv, gamma, mean, invstd, gg.accumulate);
   } else {
@@ -73,10 +75,26 @@ void conv_bn_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout, const Tenso
     c.ops().batchnorm_backward(scratch, nullptr, &gb.t, dout, conv, gamma, mean, invstd,
                                gb.accumulate);
   }
+  if (last_use) dout.reset();
+  return dconv;
+}
+
+Tensor conv_backward(LayerCtx& c, Tensor dconv, const Tensor& inp, const ConvBn& l, bool want_dinp,
+                     std::optional<ParamGrad>* weight_grad) {
+  ScopedRange scope(c.dev, "conv_bn");  // names the trace's allocations
+  // Autograd's ConvolutionBackward: the input's gradient, then the weight's; once it has run,
+  // its saved weight cast and its incoming gradient are freed before the weight's gradient goes
+  // on through ToCopyBackward (ParamGrad::finish).
+  Tensor dinp = want_dinp ? c.temp_like(inp) : Tensor();
   const Tensor& w = c.op_weight(Op::conv2d, l.conv);
-  ParamGrad gw(c, l.conv, w.dtype());
-  c.ops().conv2d_backward(dinp, &gw.t(), nullptr, dconv, inp, w, l.stride, l.pad, gw.accumulate());
-  gw.finish();
+  std::optional<ParamGrad> here;
+  ParamGrad& gw = (weight_grad ? *weight_grad : here).emplace(c, l.conv, w.dtype());
+  c.ops().conv2d_backward(want_dinp ? &dinp : nullptr, &gw.t(), nullptr, dconv, inp, w, l.stride,
+                          l.pad, gw.accumulate());
+  c.release_weight_cast(l.conv);
+  dconv.reset();
+  if (!weight_grad) gw.finish();
+  return dinp;
 }
 
 }  // namespace memtrade

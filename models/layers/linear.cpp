@@ -13,7 +13,7 @@ void linear_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const Linear& l
 }
 
 void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Tensor& inp,
-                     const Linear& l) {
+                     const Linear& l, const std::function<void()>& node_done) {
   ScopedRange scope(c.dev, "linear");  // names the trace's allocations
   // Once the GEMMs have run, autograd frees the node's saved cast of the weight and the cast
   // of the incoming gradient (its input buffer) before the weight's gradient goes on through
@@ -27,6 +27,7 @@ void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Ten
     c.ops().linear_backward(dinp, &gw.t(), nullptr, dout, inp, w, gw.accumulate());
     if (dinp) c.release_weight_cast(l.weight);
     dout_cast.reset();
+    if (node_done) node_done();
     gw.finish();
     return;
   }
@@ -39,6 +40,7 @@ void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Ten
   }
   if (dinp) c.release_weight_cast(l.weight);
   dout_cast.reset();
+  if (node_done) node_done();
   gw.finish();
   gb.finish();
 }

@@ -5,6 +5,8 @@
 // gradients are computed in 16 bits and cast into the fp32 gradients (ParamGrad).
 #pragma once
 
+#include <functional>
+
 #include <vector>
 
 #include "models/layers/context.h"
@@ -28,8 +30,11 @@ void linear_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const Linear& l
 // from dout (N, OC) and the
 // forward input inp (N, C). dout of another dtype than linear's output (the fp32 gradient of a
 // promoting add) is cast to it first, as autograd hands each output its own dtype's gradient.
+// `node_done` runs once the GEMMs have, before the weight gradient's cast (ParamGrad::finish):
+// where autograd's AddmmBackward frees its incoming gradient and saved input, before the weight
+// cast's ToCopyBackward runs, the caller frees its own there.
 void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout, const Tensor& inp,
-                     const Linear& l);
+                     const Linear& l, const std::function<void()>& node_done = {});
 
 // Several Linears of one input as one GEMM, their outputs side by side: HF Llama's q_proj, k_proj
 // and v_proj give the packed qkv (N, (NH + 2·NKV)·hd) the attention ops take. Their biases, where

@@ -8,6 +8,14 @@ Tensor copy_for_backward(LayerCtx& c, const Tensor& t) {
   return out;
 }
 
+Tensor saved_in_place(const Tensor& t) {
+  // The view writes nothing; Tensor::view takes a mutable base only because views in general
+  // (a rank's part of a parameter) are written through.
+  Tensor v = Tensor::view(const_cast<Tensor&>(t), 0, t.numel());
+  v.reshape(t.shape());
+  return v;
+}
+
 Tensor crossentropy_loss_forward(LayerCtx& c, Tensor logits, const Tensor& targets) {
   ScopedRange scope(c.dev, "cross_entropy");  // names the trace's allocations
   logits = c.cast_input(Op::crossentropy, std::move(logits));

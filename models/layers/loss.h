@@ -30,5 +30,9 @@ Tensor vocab_parallel_loss_backward(LayerCtx& c, float dloss, DType logits_dtype
 
 // A device copy of `t` with category c.cat() (for inputs that backward needs).
 Tensor copy_for_backward(LayerCtx& c, const Tensor& t);
+// `t` itself for backward: a view of its bytes (no allocation), as autograd saves a tensor it
+// was handed rather than a copy. For the model input, which Model::forward's caller keeps alive
+// and unchanged until backward.
+Tensor saved_in_place(const Tensor& t);
 
 }  // namespace memtrade

@@ -62,7 +62,9 @@ void SavedTensors::save(int segment, std::string_view key, Tensor t) {
   if (find(segment, key) != nullptr)
     throw std::logic_error(fmt::format("SavedTensors: {}/{} saved twice", segment, key));
   Entry e{segment, std::string(key), {}, {}, {}};
-  if (offload_) {
+  // A view (the model input, saved in place) stays: its base lives on the device through the
+  // step anyway, so a host copy would free nothing and its way back would allocate.
+  if (offload_ && !t.is_view()) {
     ScopedRange range(dev_, "offload");
     // The copy stream must not read the tensor before the compute stream has written it.
     produced_->record(StreamKind::compute);

@@ -45,7 +45,8 @@ class SavedTensors {
   void set_offload(bool on) { offload_ = on; }
   bool offload() const { return offload_; }
 
-  // Keep `t` (a device tensor) for the backward of `segment`. Keys are unique per segment.
+  // Keep `t` (a device tensor) for the backward of `segment`. Keys are unique per segment. A
+  // view is kept as it is, never offloaded.
   void save(int segment, std::string_view key, Tensor t);
   // Keep `t`, which another owner shares (autocast's weight-cast cache, ParamStore::weight_cast),
   // for the backward of `segment`: its bytes live until both have let go. Never offloaded (a

@@ -144,7 +144,12 @@ TEST(EstimateCuda, Llama3_8bAt4096TokensHoldsTwoCublasWorkspacesAtItsPeak) {
 // CUDA; from −263,168 B to +1,048,576 B) were regenerated: the fourth. When an op adding into an
 // existing weight gradient came to hold eager's fresh buffer for it (LayerCtx::accumulate_buffer:
 // later micro-batches, zero_grad=zero, a tied head), the 50 points it changes (49 peaks, 0 to
-// +131,584 B) were regenerated: the fifth.
+// +131,584 B) were regenerated: the fifth. When the MLP's and CNN's first layer came to save the
+// staged batch in place (no copy; never offloaded) and the CNN's backward to run and free as
+// autograd's nodes do, the 53 mlp/cnn points that move (21 CPU, 32 CUDA; peaks from −760,832 B
+// to 0, 11 host_pinned_peak) were regenerated: the sixth. When a linear's caller came to free its
+// incoming gradient and saved input before the weight gradient's cast (linear_backward's
+// node_done), the 2 mlp-tiny autocast CUDA points that move (−1,536 and −1,024 B): the seventh.
 TEST(EstimateFixture, EveryFigureIsAsRecorded) {
   const auto fixture = testing::json::parse(testing::read_file(
       std::string(MEMTRADE_SOURCE_DIR) + "/tests/harness/fixtures/estimate_fixture.json"));
