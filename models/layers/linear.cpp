@@ -1,6 +1,7 @@
 #include "models/layers/linear.h"
 
 #include <cstddef>
+#include <optional>
 
 namespace memtrade {
 
@@ -23,26 +24,19 @@ void linear_backward(LayerCtx& c, Tensor* dinp, const Tensor& dout_in, const Ten
   // The weight only matters for dinp (without it, the op reads just its shape).
   const Tensor& w = dinp ? c.op_weight(Op::linear, l.weight) : c.weight(l.weight);
   ParamGrad gw(c, l.weight, c.weight_dtype(Op::linear, l.weight));
-  if (l.bias < 0) {
-    c.ops().linear_backward(dinp, &gw.t(), nullptr, dout, inp, w, gw.accumulate());
-    if (dinp) c.release_weight_cast(l.weight);
-    dout_cast.reset();
-    if (node_done) node_done();
-    gw.finish();
-    return;
-  }
-  ParamGrad gb(c, l.bias, c.weight_dtype(Op::linear, l.bias));
-  if (gb.accumulate() == gw.accumulate()) {
-    c.ops().linear_backward(dinp, &gw.t(), &gb.t(), dout, inp, w, gw.accumulate());
+  std::optional<ParamGrad> gb;
+  if (l.bias >= 0) gb.emplace(c, l.bias, c.weight_dtype(Op::linear, l.bias));
+  if (!gb || gb->accumulate() == gw.accumulate()) {
+    c.ops().linear_backward(dinp, &gw.t(), gb ? &gb->t() : nullptr, dout, inp, w, gw.accumulate());
   } else {  // one op call takes one accumulate flag; never the case for a plain Trainer
     c.ops().linear_backward(dinp, &gw.t(), nullptr, dout, inp, w, gw.accumulate());
-    c.ops().linear_backward(nullptr, nullptr, &gb.t(), dout, inp, w, gb.accumulate());
+    c.ops().linear_backward(nullptr, nullptr, &gb->t(), dout, inp, w, gb->accumulate());
   }
   if (dinp) c.release_weight_cast(l.weight);
   dout_cast.reset();
   if (node_done) node_done();
   gw.finish();
-  gb.finish();
+  if (gb) gb->finish();
 }
 
 namespace {
