@@ -301,15 +301,15 @@ memtrade's backward holds what eager autograd holds where it decides these peaks
 backward holds log_softmax + nll_loss backward's three (N, V) buffers; the GPT MLP frees each
 saved tensor once the op that reads it has run its backward; a linear frees its saved weight
 cast and its incoming gradient's cast before the weight's gradient goes through ToCopyBackward.
-Every gpt-tiny and llama-tiny row at b8 is within 1%. The gaps left, by cause:
-- mlp-tiny and cnn-tiny at b8: the first layer saves the staged batch in place; the CNN's
-  backward runs autograd's nodes in its order (the shortcut's first), each op freeing its saved
-  tensors and its incoming gradient once it has run, and (as the MLP's linears do) before its
-  weight gradient's ToCopyBackward; the CNN's forward adds the shortcut into a new tensor, as
-  eager does, which a recompute's peak holds. Left: mlp-tiny ck1 bf16 SGD with
-  zero_grad(set_to_none=False), +4.1% (1,044 B): memtrade's block masks the previous block's
-  ReLU with its own saved input, which PyTorch's checkpoint has already freed, taking that ReLU
-  output from the previous segment's recompute;
+Every gpt-tiny, llama-tiny and mlp-tiny row at b8 is within 1%. The gaps left, by cause:
+- mlp-tiny and cnn-tiny at b8: the first layer saves the staged batch in place; each MLP block
+  applies its own ReLU's mask with its own output, as ReluBackward does, so that under
+  checkpointing the previous block's output is freed before its recompute makes it again (mlp-tiny
+  ck1 bf16 SGD with zero_grad(set_to_none=False): +4.06% while the next block masked it, now
+  +0.08%); the CNN's backward runs autograd's nodes in its order (the shortcut's first), each op
+  freeing its saved tensors and its incoming gradient once it has run, and (as the MLP's linears
+  do) before its weight gradient's ToCopyBackward; the CNN's forward adds the shortcut into a new
+  tensor, as eager does, which a recompute's peak holds;
 - accumulation and zero_grad(set_to_none=False): eager computes each weight gradient into a
   fresh buffer that AccumulateGrad adds into the existing one (a later micro-batch, zeroed
   gradients, a tied weight's second use), and holds a tied head's gradient of wte in its input

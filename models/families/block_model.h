@@ -80,6 +80,8 @@ class BlockModel : public Model {
   }
 
   void check_io(const Tensor& input, const Tensor& targets, DType act) const;
+  // Whether the last training forward's plan drops `block` and recomputes it in backward.
+  bool recomputed(int block) const { return plan_.recomputed(block); }
 
  private:
   std::vector<ParamSpec> params_;

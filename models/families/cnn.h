@@ -11,7 +11,8 @@
 // Saved per block: its input, conv1 output + BN stats, the ReLU output (conv2 input; dropped and
 // recomputed from conv1's output under selective checkpointing), conv2 output + stats, and the
 // downsample conv output + stats. Every block input is a ReLU output (the stem's or the previous
-// block's), so, as in the MLP, the consumer of a ReLU output applies its mask in backward.
+// block's), so the consumer of a ReLU output applies its mask in backward (the MLP's blocks
+// apply their own, as autograd does: models/families/mlp.h).
 // Batch-norm always uses batch statistics (eval mode too: it is the no-grad path of a training
 // model, so the loss equals the training loss); running stats are updated by training forwards
 // only, never by a recompute.

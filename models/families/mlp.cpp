@@ -51,13 +51,21 @@ Tensor MlpModel::block_forward(LayerCtx& c, int block, const Tensor& x) {
   // cast, not the input, as autograd does; the driver then does not save x (block_model.h).
   Tensor cast;
   const Tensor& in = c.cast_input(Op::linear, x, cast);
+  if (block > 0 && cast.defined())  // a ReLU output is what the next linear reads (mlp.h)
+    throw std::logic_error(name() + ": autocast cast a ReLU output for the next linear");
   Tensor h = c.temp({N, out}, c.out_dtype(Op::linear, in));  // (N, out) pre-activation: the
                                                              // ReLU backward uses the output
   linear_forward(c, h, in, l);
   if (cast.defined()) c.keep("x", std::move(cast));
   Tensor r = c.dev.empty({N, out}, c.out_dtype(Op::relu, h), Category::activations);
   c.ops().relu_forward(r, h);
-  return r;
+  if (!c.recompute) return r;  // its consumer saves it and hands it on in backward (mlp.h)
+  // A recompute keeps the ReLU output under this block (the segment's last block has no consumer
+  // in it); a consumer inside the segment saves a view of it, the one storage.
+  Tensor view = Tensor::view(r, 0, r.numel());
+  view.reshape(r.shape());
+  c.keep("r", std::move(r));
+  return view;
 }
 
 Tensor MlpModel::head_forward(LayerCtx& c, Tensor x, const Tensor& targets) {
@@ -68,40 +76,56 @@ Tensor MlpModel::head_forward(LayerCtx& c, Tensor x, const Tensor& targets) {
   return crossentropy_loss_forward(c, std::move(logits), targets);
 }
 
-namespace {
-
-// d(pre-activation) of a ReLU output `r` from d(r): the mask its consumer applies.
-Tensor relu_mask(LayerCtx& c, const Tensor& d, const Tensor& r) {
-  Tensor out = c.temp_like(r);
-  c.ops().relu_backward(out, d, r);
-  return out;
+// The consumer of block `prev`'s ReLU output r (block prev + 1's linear, or the head's), done
+// with its saved copy `x` of it: hands x on to block prev, whose ReLU backward reads it, unless
+// block prev is recomputed (its recompute makes r again and keeps that). Called from the linear's
+// node_done: without the hand-over x is freed there, as autograd frees a checkpoint's output (or
+// the view of a recomputed one) once the AddmmBackward that saved it has run.
+void MlpModel::pass_on(LayerCtx& c, int prev, Tensor& x) const {
+  if (recomputed(prev)) {
+    x.reset();
+    return;
+  }
+  c.saved.save(prev, "r", std::move(x));
 }
-
-}  // namespace
 
 Tensor MlpModel::head_backward(LayerCtx& c, float dloss) {
-  const Tensor& x = c.get("x");  // the last hidden ReLU output
+  const int last = num_blocks() - 1;
+  Tensor x = c.saved.take(c.segment, "x");  // the last hidden ReLU output
   Tensor dlogits = crossentropy_loss_backward(c, dloss, c.out_dtype(Op::linear, x));
   Tensor dx = c.temp_like(x);
-  linear_backward(c, &dx, dlogits, x, layers_.back(), [&] { dlogits.reset(); });
-  return relu_mask(c, dx, x);
+  linear_backward(c, &dx, dlogits, x, layers_.back(), [&] {
+    dlogits.reset();
+    pass_on(c, last, x);
+  });
+  return dx;
 }
 
-// dres (and block 0's saved input, under autocast its cast) are freed as autograd frees
-// AddmmBackward's incoming gradient and saved input: before the weight gradient's cast.
+// Each block applies its own ReLU's mask to d(output) first (ReluBackward runs before the
+// AddmmBackward it feeds), then frees its ReLU output; dres and the linear's saved input (block 0:
+// the input's cast under autocast) are freed as autograd frees AddmmBackward's incoming gradient
+// and saved input: before the weight gradient's cast.
 void MlpModel::block_backward(LayerCtx& c, int block, Tensor& dres) {
-  if (block == 0) {                           // the input needs no gradient
-    Tensor x = c.saved.take(c.segment, "x");  // (N, in)
+  {
+    Tensor r = c.saved.take(c.segment, "r");  // (N, out) this block's ReLU output
+    Tensor dh = c.temp_like(r);
+    c.ops().relu_backward(dh, dres, r);
+    dres = std::move(dh);
+  }
+  Tensor x = c.saved.take(c.segment, "x");  // (N, in)
+  if (block == 0) {                         // the input needs no gradient
     linear_backward(c, nullptr, dres, x, layers_[0], [&] {
       dres.reset();
       x.reset();
     });
     return;
   }
-  const Tensor& x = c.get("x");  // (N, in)
   Tensor dx = c.temp_like(x);
-  linear_backward(c, &dx, dres, x, layers_[block], [&] { dres.reset(); });
-  dres = relu_mask(c, dx, x);  // x is the previous block's ReLU output
+  linear_backward(c, &dx, dres, x, layers_[block], [&] {
+    dres.reset();
+    pass_on(c, block - 1, x);
+  });
+  dres = std::move(dx);
 }
 
 double MlpModel::block_flops(std::int64_t batch, int block) const {

@@ -91,6 +91,20 @@ def test_accumulating_gradients_hold_eagers_buffers(memtrade_bin, model, batch, 
         f"{100 * row['gap_rel']:+.2f}% (recorded {recorded:+.2f}%)")
 
 
+def test_mlp_block_masks_its_own_relu(memtrade_bin):
+    """Each MLP block applies its own ReLU's mask with its own output, as autograd's ReluBackward
+    does (models/families/mlp.h): under checkpoint 1 the previous block's output is freed once
+    the next block's linear backward has run, and its recompute makes it again. Under bf16 with
+    zero_grad(set_to_none=False) the peak is there: +4.06% (1,044 B) while the next block held
+    that output for the mask; now +0.08% (20 B, as in every mlp-tiny row at b8)."""
+    row = whole_step.measure(memtrade_bin, 8, ("mlp-tiny", "1", "bf16", "sgd", "1", "zero",
+                                               "forloop"), warmup=1, threads=1)
+    ROWS.append(row)
+    assert abs(100 * row["gap_rel"] - 0.08) <= TOLERANCE, (
+        f"{row['point']}: memtrade {row['memtrade']:,} B, PyTorch {row['pytorch']:,} B, gap "
+        f"{100 * row['gap_rel']:+.2f}% (recorded +0.08%)")
+
+
 def test_foreach_adds_the_state_sized_temporary_where_the_step_peaks(memtrade_bin):
     """b1 × a2 on mlp-tiny: activations are small and the optimizer step is the peak on both
     sides, so foreach's peak minus the for-loop's is the square roots of every exp_avg_sq (2.x's
