@@ -188,21 +188,26 @@ def torch_peak(point, impl, warmup, threads=None):
                 step()
     finally:
         torch_models.preserve_rng_state = True
+    tree = prof.profiler.kineto_results.experimental_event_tree()
     live = in_step = out_step = 0  # peaks inside and outside optimizer.step()
-    for size, step_op in allocations(prof.profiler.kineto_results.experimental_event_tree()):
+    for size, step_op in allocations(tree):
         live += size
         if step_op:
             in_step = max(in_step, live)
         else:
             out_step = max(out_step, live)
-    return max(in_step, out_step), in_step, out_step
+    live = every = 0  # the same with every allocation: what the allocator itself saw
+    for size, _ in allocations(tree, keep_scratch=True):
+        live += size
+        every = max(every, live)
+    return max(in_step, out_step), in_step, out_step, every
 
 
-def allocations(tree):
+def allocations(tree, keep_scratch=False):
     """The allocator's records of a profiled step in order, as (bytes, inside optimizer.step()),
-    without the ops' own scratch: a block that one ATen op call (the outermost aten:: op, as
-    the model or an autograd node calls it) allocates and frees before it returns. See the
-    module doc."""
+    without the ops' own scratch (unless `keep_scratch`): a block that one ATen op call (the
+    outermost aten:: op, as the model or an autograd node calls it) allocates and frees before it
+    returns. See the module doc."""
     records = []  # (time, id, bytes, ptr, outermost aten op's id or None, in step)
 
     def walk(node, op, step):
@@ -226,7 +231,8 @@ def allocations(tree):
             alloc_id, alloc_op = made_in.pop(ptr)
             if op is not None and op == alloc_op:
                 scratch |= {alloc_id, rid}
-    return [(size, step) for _, rid, size, _, _, step in records if rid not in scratch]
+    return [(size, step) for _, rid, size, _, _, step in records
+            if keep_scratch or rid not in scratch]
 
 
 def label(model, batch, checkpoint, precision, optimizer, accumulation, zero_grad, impl):
@@ -244,11 +250,12 @@ def measure(binary, batch, combo, warmup, threads=None):
     with tempfile.TemporaryDirectory() as tmp:
         mem, phase = memtrade_peak(binary, flags, tmp, warmup)
     point = memtrade_side.list_points(binary, flags)["points"][0]
-    ref, in_step, out_step = torch_peak(point, impl, warmup, threads)
+    ref, in_step, out_step, every = torch_peak(point, impl, warmup, threads)
     n = point["config"]["hyper"].get("num_params")
     row = {"point": label(model, batch, *combo[1:]), "memtrade": mem, "pytorch": ref,
            "gap": mem - ref, "gap_rel": (mem - ref) / ref if ref else 0.0,
-           "memtrade_peak_phase": phase, "num_params": n, "pytorch_2x": None}
+           "memtrade_peak_phase": phase, "num_params": n, "pytorch_2x": None,
+           "pytorch_with_scratch": every}
     if impl == "foreach" and optimizer in EXTRA_LIST_113 and precision == "fp32" and n:
         # What 2.x's code would peak at: the optimizer step without 1.13's extra list.
         row["pytorch_2x"] = max(out_step, in_step - 4 * n)
@@ -261,13 +268,15 @@ def fmt(v):
 
 def markdown_table(rows):
     lines = ["| point | memtrade (B) | PyTorch 1.13 (B) | gap | memtrade's peak in | "
-             "PyTorch with 2.x's foreach code (B) | gap |",
-             "|---|---:|---:|---:|---|---:|---:|"]
+             "PyTorch with 2.x's foreach code (B) | gap | PyTorch, ops' scratch included (B) |",
+             "|---|---:|---:|---:|---|---:|---:|---:|"]
     for r in rows:
         p2 = r.get("pytorch_2x")
         extra = (f"{fmt(p2)} | {100 * (r['memtrade'] - p2) / p2:+.2f}%" if p2 else "- | -")
+        raw = r.get("pytorch_with_scratch")
         lines.append(f"| {r['point']} | {fmt(r['memtrade'])} | {fmt(r['pytorch'])} | "
-                     f"{100 * r['gap_rel']:+.2f}% | {r['memtrade_peak_phase']} | {extra} |")
+                     f"{100 * r['gap_rel']:+.2f}% | {r['memtrade_peak_phase']} | {extra} | "
+                     f"{fmt(raw) if raw is not None else '-'} |")
     return lines
 
 
@@ -290,7 +299,7 @@ in place, as memtrade's first layer saves the staged batch in place; and on both
 own scratch: memtrade's category `workspace`, the CPU backend's fp32 staging of 16-bit GEMM
 operands and convolution columns, and in PyTorch every block that one ATen op allocates and frees
 before it returns: oneDNN's reorders, the bf16 convolution's im2col columns, the CPU batch-norm
-backward's buffer).
+backward's buffer; the last column is PyTorch's peak with that scratch, what its allocator saw).
 Both run torch.optim's for-loop implementation (PyTorch's default on CPU tensors; memtrade
 `--optimizer-impl forloop`) unless the point says foreach; for foreach Adam, AdamW and Adagrad
 the last columns take out the one whole fp32 state that torch 1.13's `_multi_tensor_*` keeps and
