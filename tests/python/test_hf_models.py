@@ -371,21 +371,14 @@ def eager_extra(hyper, batch):
         C = hyper["n_embd"]
         extra += 4 * batch * T * L * 2 * 2 * C  # the two more norms per layer, as every norm's
         extra += 4 * (4 * L + 1) * C  # each norm's (1 + w) (C), made per call, saved by the mul
-    if hyper.get("embed_scale"):
-        extra += 4  # the normalizer, a 0-dim fp32 tensor the embedding's multiply saves
     if hyper.get("architecture") == "Gemma2ForCausalLM":
         extra += 4 * 2 * T * hd * (L - 1)  # each Gemma2Attention's own rotary tables
-        # The Python floats of `* scaling`, `/ cap` and `* cap`, 0-dim float64 tensors the
-        # multiplies and divisions save: per attention layer, and at the logits.
-        extra += 8 * (L * (1 + 2 * (hyper["attn_softcap"] > 0)) + 2 * (hyper["final_softcap"] > 0))
-    return extra
+    return extra + hf_eager_rest(hyper)
 
 
-
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_saved_bytes_against_hf_eager(memtrade_bin, tmp_path, case):
-    """memtrade's activations at the end of forward (its trace) against what HF's eager model
-    keeps (saved-tensor hooks), fp32: the gap is the fused kernels' (eager_extra), to 1%."""
+def saved_at_end_of_forward(memtrade_bin, tmp_path, case, *memtrade_flags):
+    """(memtrade's activations at the end of forward (its trace), what HF's eager model keeps
+    (saved-tensor hooks), memtrade's step meta) for CASES[case], fp32, batch 3 × 16 tokens."""
     import memtrade_side
     torch.set_num_threads(1)
     config = CASES[case]
@@ -393,9 +386,18 @@ def test_saved_bytes_against_hf_eager(memtrade_bin, tmp_path, case):
     flags = ["--backend", "cpu", "--model-config", str(tmp_path / "config.json"), "--seq-len",
              "16", "--batch-size", "3", "--precision", "fp32", "--optimizer", "sgd"]
     out, meta = run_dump(memtrade_bin, tmp_path, *flags[2:])
-    trace = memtrade_side.read_trace(memtrade_side.make_trace(memtrade_bin, tmp_path / "run", flags))
+    trace = memtrade_side.read_trace(memtrade_side.make_trace(
+        memtrade_bin, tmp_path / "run", flags + list(memtrade_flags)))
     ours = memtrade_side.live_at_end_of_forward(trace)["requested"]
-    theirs = hf_saved_bytes(out, meta, config)
+    return ours, hf_saved_bytes(out, meta, config), meta
+
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_saved_bytes_against_hf_eager(memtrade_bin, tmp_path, case):
+    """memtrade's activations at the end of forward (its trace) against what HF's eager model
+    keeps (saved-tensor hooks), fp32: the gap is the fused kernels' (eager_extra), to 1%."""
+    ours, theirs, meta = saved_at_end_of_forward(memtrade_bin, tmp_path, case)
     extra = eager_extra(meta["hyper"], 3)
     print(f"{case}: HF eager keeps {theirs:,} B, memtrade {ours:,} B, gap {ours - theirs:+,} B, "
           f"formula {-extra:+,} B")
@@ -405,7 +407,9 @@ def test_saved_bytes_against_hf_eager(memtrade_bin, tmp_path, case):
 
 def hf_eager_rest(hyper):
     """What HF's eager decoder keeps that --llama-layers hf-eager does not, the batch's ends
-    aside: Gemma 2's 0-dim float64 scale and caps and its embedding normalizer (eager_extra's)."""
+    aside: Gemma 2's embedding normalizer (a 0-dim fp32 tensor the embedding's multiply saves)
+    and the Python floats of `* scaling`, `/ cap` and `* cap`, 0-dim float64 tensors the
+    multiplies and divisions save, per attention layer and at the logits (eager_extra's too)."""
     extra = 4 if hyper.get("embed_scale") else 0
     if hyper.get("architecture") == "Gemma2ForCausalLM":
         L = hyper["n_layer"]
@@ -417,17 +421,8 @@ def hf_eager_rest(hyper):
 def test_saved_bytes_with_hf_eager_layers(memtrade_bin, tmp_path, case):
     """With --llama-layers hf-eager memtrade keeps what HF's eager model keeps (saved-tensor hooks,
     fp32), the batch's ends and Gemma 2's scalars aside."""
-    import memtrade_side
-    torch.set_num_threads(1)
-    config = CASES[case]
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    flags = ["--backend", "cpu", "--model-config", str(tmp_path / "config.json"), "--seq-len",
-             "16", "--batch-size", "3", "--precision", "fp32", "--optimizer", "sgd"]
-    out, meta = run_dump(memtrade_bin, tmp_path, *flags[2:])
-    trace = memtrade_side.read_trace(memtrade_side.make_trace(
-        memtrade_bin, tmp_path / "run", flags + ["--llama-layers", "hf-eager"]))
-    ours = memtrade_side.live_at_end_of_forward(trace)["requested"]
-    theirs = hf_saved_bytes(out, meta, config)
+    ours, theirs, meta = saved_at_end_of_forward(memtrade_bin, tmp_path, case,
+                                                 "--llama-layers", "hf-eager")
     rest = hf_eager_rest(meta["hyper"])
     # And the batch's ends: HF keeps int64 token ids and targets (8 B a token each) where memtrade
     # keeps int32 ones and a per-token fp32 loss (4 B each): 4 B a token more; plus the loss's
