@@ -43,6 +43,14 @@ struct AccumulateBuffer {
   Tensor held;   // the same weight's earlier gradients of this backward (a tied head's)
 };
 
+// A weight gradient as an op writes it (ParamStore::grad) with eager's buffer for it
+// (LayerCtx::accumulate_buffer), both for the op's span.
+struct OpGrad {
+  Tensor& t;
+  bool accumulate;
+  AccumulateBuffer eager;
+};
+
 struct LayerCtx {
   Device& dev;
   ParamStore& store;
@@ -140,6 +148,13 @@ struct LayerCtx {
   // it) and handed over as `held` with the weight's following one.
   AccumulateBuffer accumulate_buffer(ParamIndex index, const GradRef& g);
   void hold_grad(ParamIndex index) { hold_next_ = index; }
+  // The gradient of params()[index] for an op that writes it in the stored weight's dtype, with
+  // that buffer: what a layer's backward takes for each such weight (ParamGrad for an op that
+  // may read a 16-bit cast).
+  OpGrad grad(ParamIndex index) {
+    GradRef g = store.grad(index);
+    return {g.t, g.accumulate, accumulate_buffer(index, g)};
+  }
 
   ParamIndex hold_next_ = -1;
   std::map<ParamIndex, Tensor> held_grads_{};

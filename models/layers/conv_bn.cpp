@@ -61,10 +61,8 @@ Tensor bn_backward(LayerCtx& c, Tensor& dout, bool last_use, const ConvBn& l) {
   Tensor mean = c.saved.take(c.segment, l.key + ".mean");
   Tensor invstd = c.saved.take(c.segment, l.key + ".invstd");
   Tensor dconv = c.temp_like(conv);
-  GradRef gg = c.store.grad(l.bn_weight);
-  GradRef gb = c.store.grad(l.bn_bias);
-  AccumulateBuffer eager_g = c.accumulate_buffer(l.bn_weight, gg);
-  AccumulateBuffer eager_b = c.accumulate_buffer(l.bn_bias, gb);
+  OpGrad gg = c.grad(l.bn_weight);
+  OpGrad gb = c.grad(l.bn_bias);
   const Tensor& gamma = c.weight(l.bn_weight);
   if (gg.accumulate == gb.accumulate) {
     c.ops().batchnorm_backward(dconv, &gg.t, &gb.t, dout, conv, gamma, mean, invstd, gg.accumulate);

@@ -41,15 +41,13 @@ void vocab_parallel_backward(LayerCtx& c, Tensor& dout_mine, const Embedding& e)
   Tensor& dout = gathered.defined() ? gathered : dout_mine;
   const std::int64_t C = dout.dim(1);
   if (e.wpe >= 0) {
-    GradRef gpe = c.store.grad(e.wpe);
-    AccumulateBuffer eager_pe = c.accumulate_buffer(e.wpe, gpe);
+    OpGrad gpe = c.grad(e.wpe);
     if (!gpe.accumulate) c.ops().fill(gpe.t, 0.0f);
     Tensor g = Tensor::view(gpe.t, 0, T * C);
     for (std::int64_t b = 0; b < B; ++b)
       c.ops().add_inplace(g, Tensor::view(dout, b * T * C, T * C));
   }
-  GradRef gte = c.store.grad(e.wte);
-  AccumulateBuffer eager_te = c.accumulate_buffer(e.wte, gte);
+  OpGrad gte = c.grad(e.wte);
   dout.reshape({B, T, C});
   c.ops().embedding_backward(&gte.t, nullptr, dout, local, gte.accumulate);
   dout.reshape({B * T, C});
@@ -95,15 +93,13 @@ void embedding_backward(LayerCtx& c, Tensor& dout, const Embedding& e) {
   const Tensor& tokens = c.get("tokens");
   const Shape flat = dout.shape();
   dout.reshape({tokens.dim(0), tokens.dim(1), flat[1]});  // the op wants (B, T, C)
-  GradRef gte = c.store.grad(e.wte);
-  AccumulateBuffer eager_te = c.accumulate_buffer(e.wte, gte);
+  OpGrad gte = c.grad(e.wte);
   if (e.wpe < 0) {
     c.ops().embedding_backward(&gte.t, nullptr, dout, tokens, gte.accumulate);
     dout.reshape(flat);
     return;
   }
-  GradRef gpe = c.store.grad(e.wpe);
-  AccumulateBuffer eager_pe = c.accumulate_buffer(e.wpe, gpe);
+  OpGrad gpe = c.grad(e.wpe);
   if (gte.accumulate == gpe.accumulate) {
     c.ops().embedding_backward(&gte.t, &gpe.t, dout, tokens, gte.accumulate);
   } else {

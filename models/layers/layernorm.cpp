@@ -16,10 +16,8 @@ void norm_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const LayerNorm& 
 void norm_backward(LayerCtx& c, Tensor& dinp, const Tensor& dout, const Tensor& inp,
                    const LayerNorm& ln) {
   ScopedRange scope(c.dev, "layernorm");  // names the trace's allocations
-  GradRef gw = c.store.grad(ln.weight);
-  GradRef gb = c.store.grad(ln.bias);
-  AccumulateBuffer eager_w = c.accumulate_buffer(ln.weight, gw);
-  AccumulateBuffer eager_b = c.accumulate_buffer(ln.bias, gb);
+  OpGrad gw = c.grad(ln.weight);
+  OpGrad gb = c.grad(ln.bias);
   const Tensor& mean = c.get(ln.key + ".mean");
   const Tensor& rstd = c.get(ln.key + ".rstd");
   const Tensor& w = c.weight(ln.weight);

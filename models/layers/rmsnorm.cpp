@@ -50,8 +50,7 @@ void norm_forward(LayerCtx& c, Tensor& out, const Tensor& inp, const RmsNorm& n)
 void norm_backward(LayerCtx& c, Tensor& dinp, const Tensor& dout, const Tensor& inp,
                    const RmsNorm& n) {
   ScopedRange scope(c.dev, "rmsnorm");  // names the trace's allocations
-  GradRef gw = c.store.grad(n.weight);
-  AccumulateBuffer eager = c.accumulate_buffer(n.weight, gw);
+  OpGrad gw = c.grad(n.weight);
   c.ops().rmsnorm_backward(dinp, &gw.t, dout, inp, c.weight(n.weight), c.get(n.key + ".rstd"),
                            gw.accumulate, n.unit_offset);
   release_eager_extras(c, n);
