@@ -215,6 +215,40 @@ BENCHMARK(BM_Conv2d)
     ->MeasureProcessCPUTime()
     ->UseRealTime();
 
+// One pass of the same convolution alone (phase 0: forward; 1: the weight gradient; 2: the input
+// gradient), each 2·N·Co·OH·OW·Ci·9 FLOPs: which pass falls short of the GEMM's peak.
+void BM_Conv2dPass(benchmark::State& state) {
+  const std::int64_t n = state.range(0), ci = state.range(1), h = state.range(2),
+                     co = state.range(3);
+  const int stride = static_cast<int>(state.range(4)), phase = static_cast<int>(state.range(5));
+  const std::int64_t oh = (h + 2 - 3) / stride + 1;
+  Tensor x = random_tensor({n, ci, h, h}, DType::F32, 1);
+  Tensor w = random_tensor({co, ci, 3, 3}, DType::F32, 2);
+  Tensor dout = random_tensor({n, co, oh, oh}, DType::F32, 4);
+  Tensor y = cpu().empty({n, co, oh, oh}, DType::F32, Category::activations);
+  Tensor dx = cpu().empty({n, ci, h, h}, DType::F32, Category::activations);
+  Tensor dw = cpu().empty({co, ci, 3, 3}, DType::F32, Category::activations);
+  for (auto _ : state) {
+    if (phase == 0) cpu().ops().conv2d_forward(y, x, w, nullptr, stride, 1);
+    if (phase == 1)
+      cpu().ops().conv2d_backward(nullptr, &dw, nullptr, dout, x, w, stride, 1, false);
+    if (phase == 2)
+      cpu().ops().conv2d_backward(&dx, nullptr, nullptr, dout, x, w, stride, 1, false);
+  }
+  set_flops(state, 2.0 * static_cast<double>(n * co * oh * oh * ci * 9));
+}
+
+BENCHMARK(BM_Conv2dPass)
+    ->ArgsProduct({{32}, {32}, {32}, {32}, {1}, {0, 1, 2}})
+    ->ArgsProduct({{32}, {32}, {32}, {64}, {2}, {0, 1, 2}})
+    ->ArgsProduct({{32}, {64}, {16}, {64}, {1}, {0, 1, 2}})
+    ->ArgsProduct({{32}, {64}, {16}, {128}, {2}, {0, 1, 2}})
+    ->ArgsProduct({{32}, {128}, {8}, {128}, {1}, {0, 1, 2}})
+    ->ArgNames({"N", "Ci", "H", "Co", "s", "pass"})
+    ->Unit(benchmark::kMillisecond)
+    ->MeasureProcessCPUTime()
+    ->UseRealTime();
+
 // ---- optimizer: Adam over n parameters (param, grad, m, v read; param, m, v written) -----------
 void BM_AdamUpdate(benchmark::State& state, DType dt) {
   const std::int64_t n = state.range(0);

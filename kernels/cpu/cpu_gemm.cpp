@@ -254,4 +254,11 @@ void fill_panel_rows(const float* base, std::int64_t channels, std::int64_t stri
   MEMTRADE_GEMM_DISPATCH(fill_panel_rows(base, channels, stride, offsets, masks, taps, panel));
 }
 
+void fill_panel_lanes(const float* base, std::int64_t channels, std::int64_t stride,
+                      const std::int64_t* offsets, const std::uint32_t* masks, std::int64_t taps,
+                      const std::int32_t* lanes, float* panel) {
+  MEMTRADE_GEMM_DISPATCH(
+      fill_panel_lanes(base, channels, stride, offsets, masks, taps, lanes, panel));
+}
+
 }  // namespace memtrade::cpu

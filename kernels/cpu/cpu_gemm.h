@@ -89,4 +89,12 @@ void fill_panel_rows(const float* base, std::int64_t channels, std::int64_t stri
                      const std::int64_t* offsets, const std::uint32_t* masks, std::int64_t taps,
                      float* panel);
 
+// The same for sources whose lanes are not consecutive (a strided convolution's tile): panel row
+// c·taps + t, lane i = the float at base + c·stride + offsets[t] + lanes[i] (lanes:
+// gemm_panel_width() of them), those whose bit of masks[t] is clear as 0 (only set lanes are
+// read).
+void fill_panel_lanes(const float* base, std::int64_t channels, std::int64_t stride,
+                      const std::int64_t* offsets, const std::uint32_t* masks, std::int64_t taps,
+                      const std::int32_t* lanes, float* panel);
+
 }  // namespace memtrade::cpu

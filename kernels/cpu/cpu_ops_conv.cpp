@@ -220,6 +220,34 @@ void im2col_tile(const float* image, const ConvDims& d, const FlatRow* taps, std
   fill_panel_rows(image, d.ci, d.h * d.w, offsets, mask, nt, out);
 }
 
+// im2col of one full tile [p0, p0 + w) of any other fp32 convolution (stride 2, a kernel that
+// does not keep OW = W) into its (K, w) panel by fill_panel_lanes: pixel p0 + i at (oy, ox) reads
+// tap (ky, kx) of a channel at lane offset (oy·s − pad)·W + ox·s − pad plus tap offset ky·W + kx,
+// masked to the taps inside the image. The per-row calls of im2col cost a strided 3x3
+// convolution's forward as much as its GEMM (cnn-small's stride-2 convs ran at 0.47 and 0.60 of
+// the AVX2 peak). The same values as im2col. Taps at most kMaxLaneTaps.
+constexpr std::int64_t kMaxLaneTaps = 49;
+void im2col_tile_lanes(const float* image, const ConvDims& d, std::int64_t p0, std::int64_t w,
+                       float* out) {
+  std::int32_t lanes[32];
+  std::uint32_t rows[7] = {}, columns[7] = {}, mask[kMaxLaneTaps];
+  std::int64_t offsets[kMaxLaneTaps];
+  for (int i = 0; i < w; ++i) {
+    const std::int64_t oy = (p0 + i) / d.ow, ox = (p0 + i) % d.ow;
+    const std::int64_t iy = oy * d.stride - d.pad, ix = ox * d.stride - d.pad;  // tap (0, 0)
+    lanes[i] = static_cast<std::int32_t>(iy * d.w + ix);
+    for (std::int64_t ky = 0; ky < d.kh; ++ky)
+      if (iy + ky >= 0 && iy + ky < d.h) rows[ky] |= 1u << i;
+    for (std::int64_t kx = 0; kx < d.kw; ++kx)
+      if (ix + kx >= 0 && ix + kx < d.w) columns[kx] |= 1u << i;
+  }
+  for (std::int64_t t = 0; t < d.kh * d.kw; ++t) {
+    mask[t] = rows[t / d.kw] & columns[t % d.kw];
+    offsets[t] = (t / d.kw) * d.w + t % d.kw;
+  }
+  fill_panel_lanes(image, d.ci, d.h * d.w, offsets, mask, d.kh * d.kw, lanes, out);
+}
+
 // dx (Ci, H, W) planes [ci0, ci1) = Σ over windows of col's rows of those channels: the adjoint
 // of im2col. Overwrites the wrapped columns of flat rows (see FlatRow) with 0.
 void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, float* dx) {
@@ -292,6 +320,10 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
   std::vector<FlatRow> taps;
   for (std::int64_t t = 0; whole_tiles && t < d.kh * d.kw; ++t)
     taps.push_back(flat_row(d, t / d.kw, t % d.kw));
+  // Full tiles of any other fp32 convolution take im2col_tile_lanes (lane offsets in int32).
+  const bool lane_tiles = packed && !whole_tiles && inp.dtype() == DType::F32 && d.kh <= 7 &&
+                          d.kw <= 7 && d.h * d.w <= (std::int64_t{1} << 30) &&
+                          reinterpret_cast<std::uintptr_t>(col.data()) % 64 == 0;
   const std::int64_t tiles = (d.p() + tile - 1) / tile;
   const bool parallel = sgemm_nests() && d.n * d.co * d.p() * d.k() >= kParallelGrain;
 #pragma omp parallel if (parallel)
@@ -307,8 +339,11 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
             std::fill_n(y + o * d.p() + p0, np, load_as_float(bias->data(), bias->dtype(), o));
         if (packed) {
           float* own = col.as<float>() + p0 * d.k();  // this tile's (K, np) matrix
+          const float* image = inp.as<float>() + img * d.ci * d.h * d.w;
           if (whole_tiles && np == tile)
-            im2col_tile(inp.as<float>() + img * d.ci * d.h * d.w, d, taps.data(), p0, np, own);
+            im2col_tile(image, d, taps.data(), p0, np, own);
+          else if (lane_tiles && np == tile)
+            im2col_tile_lanes(image, d, p0, np, own);
           else
             im2col(inp, img, d, 0, d.k(), p0, p0 + np, own - p0, np);
           own_sgemm(*packed, 0, d.co, false, np, 1.0f, own, np, bias ? 1.0f : 0.0f, y + p0, d.p());

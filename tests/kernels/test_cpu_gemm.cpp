@@ -222,6 +222,57 @@ TEST_F(CpuGemm, PackedAItsRowRangesAndBAlreadyInPanelFormGiveTheSameBits) {
   }
 }
 
+// fill_panel_lanes on every own path: lanes stepping by 1 and by 2 within a group of 8, and in
+// no pattern (a gather), under random masks: set lanes are their source float, clear ones 0
+// whatever the source holds there (NaN here).
+TEST_F(CpuGemm, FillPanelLanesReadsTheSetLanesAndZeroesTheRest) {
+  if (own_paths().empty()) GTEST_SKIP() << "this CPU has neither AVX2 with FMA nor AVX-512F";
+  const std::vector<float> values = rand_vec(4096, 9, 1.0f);
+  for (GemmPath path : own_paths()) {
+    cpu::set_gemm_path(path);
+    const std::int64_t width = cpu::gemm_panel_width();
+    SCOPED_TRACE(cpu::gemm_path_name(path));
+    // Groups of 8 lanes (AVX2 has the first two): by 2 from 300, scattered (500 + 7·i² mod 400,
+    // all distinct), by 1 from 100, by 2 from 40. Taps 1000 floats apart: no two lanes of the
+    // panel read one float.
+    std::vector<std::int32_t> lanes(static_cast<std::size_t>(width));
+    for (int i = 0; i < width; ++i) {
+      const int g = i / 8, j = i % 8;
+      lanes[i] = g % 4 == 0   ? 300 + 2 * j
+                 : g % 4 == 1 ? 500 + (7 * i * i) % 400
+                 : g % 4 == 2 ? 100 + j
+                              : 40 + 2 * j;
+    }
+    const std::int64_t channels = 3, stride = 4000, taps = 4;
+    const std::int64_t offsets[taps] = {0, 1000, 2000, 3000};
+    std::uint32_t masks[taps];
+    const std::vector<float> bits = rand_vec(taps, 10, 1.0f);
+    for (int t = 0; t < taps; ++t)
+      masks[t] = t == 0   ? 0xFFFFFFFFu
+                 : t == 1 ? 0u
+                          : static_cast<std::uint32_t>(std::abs(bits[t]) * 4294967295.0);
+    // The source: NaN at every float a clear lane would read.
+    std::vector<float> src(static_cast<std::size_t>(channels * stride));
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = values[i % values.size()];
+    for (std::int64_t c = 0; c < channels; ++c)
+      for (int t = 0; t < taps; ++t)
+        for (int i = 0; i < width; ++i)
+          if (!(masks[t] >> i & 1u)) src[c * stride + offsets[t] + lanes[i]] = std::nanf("");
+    std::vector<float> storage(static_cast<std::size_t>(channels * taps * width + 16));
+    float* panel = storage.data();
+    while (reinterpret_cast<std::uintptr_t>(panel) % 64 != 0) ++panel;
+    cpu::fill_panel_lanes(src.data(), channels, stride, offsets, masks, taps, lanes.data(), panel);
+    for (std::int64_t c = 0; c < channels; ++c)
+      for (int t = 0; t < taps; ++t)
+        for (int i = 0; i < width; ++i) {
+          const bool set = masks[t] >> i & 1u;
+          const float want = set ? src[c * stride + offsets[t] + lanes[i]] : 0.0f;
+          ASSERT_EQ(panel[(c * taps + t) * width + i], want)
+              << "channel " << c << " tap " << t << " lane " << i;
+        }
+  }
+}
+
 TEST_F(CpuGemm, ZeroKScalesByBetaAndBetaZeroNeverReadsC) {
   for (GemmPath path : paths()) {
     const Problem pr(Shape{5, 9, 0, false, false, 1.0f, 0.0f}, 7);

@@ -142,16 +142,20 @@ TEST_F(OpsTest, ConvTilesMatchTheReferenceWithTwoThreadsAndOne) {
 
 // Every GEMM path (kernels/cpu/cpu_gemm.h) through the convolution: the own ones pack the
 // weight once, write im2col tiles in their panel form (whole ones by masked copies:
-// "same" rows of 1x1, 3x3 and 5x5 kernels, widths that do and do not divide 32) and read them
-// in place; OpenBLAS takes the plain tiles.
+// "same" rows of 1x1, 3x3 and 5x5 kernels, widths that do and do not divide 32; the other
+// convolutions' whole tiles by fill_panel_lanes: stride 2 with output rows of 16 and 8 pixels,
+// 3x3 and 1x1, lanes stepping by 2 within a row; output rows of 10 and stride 3, gathered) and
+// read them in place; OpenBLAS takes the plain tiles.
 TEST_F(OpsTest, ConvOnEveryGemmPathMatchesTheReference) {
   std::vector<cpu::GemmPath> paths;
   for (cpu::GemmPath p : {cpu::GemmPath::blas, cpu::GemmPath::avx2, cpu::GemmPath::avx512})
     if (cpu::gemm_available(p)) paths.push_back(p);
   const cpu::GemmPath keep = cpu::gemm_path();
-  for (const Conv& d : {Conv{2, 3, 20, 18, 5, 3, 1, 1}, Conv{2, 2, 12, 12, 3, 5, 1, 2},
-                        Conv{2, 4, 8, 8, 6, 1, 1, 0}, Conv{2, 3, 10, 9, 4, 3, 1, 0},
-                        Conv{1, 2, 16, 16, 3, 3, 2, 1}}) {
+  for (const Conv& d :
+       {Conv{2, 3, 20, 18, 5, 3, 1, 1}, Conv{2, 2, 12, 12, 3, 5, 1, 2},
+        Conv{2, 4, 8, 8, 6, 1, 1, 0}, Conv{2, 3, 10, 9, 4, 3, 1, 0}, Conv{1, 2, 16, 16, 3, 3, 2, 1},
+        Conv{2, 3, 32, 32, 4, 3, 2, 1}, Conv{2, 3, 20, 20, 4, 3, 2, 1},
+        Conv{2, 2, 19, 19, 3, 3, 3, 1}, Conv{2, 4, 16, 16, 5, 1, 2, 0}}) {
     SCOPED_TRACE("k" + std::to_string(d.k) + " pad " + std::to_string(d.pad) + " " +
                  std::to_string(d.h) + "x" + std::to_string(d.w));
     const int oh = d.oh(), ow = d.ow();
