@@ -239,6 +239,7 @@ void BM_Conv2dPass(benchmark::State& state) {
 }
 
 BENCHMARK(BM_Conv2dPass)
+    ->ArgsProduct({{32}, {3}, {32}, {32}, {1}, {0, 1}})
     ->ArgsProduct({{32}, {32}, {32}, {32}, {1}, {0, 1, 2}})
     ->ArgsProduct({{32}, {32}, {32}, {64}, {2}, {0, 1, 2}})
     ->ArgsProduct({{32}, {64}, {16}, {64}, {1}, {0, 1, 2}})

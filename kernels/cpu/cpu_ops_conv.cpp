@@ -338,7 +338,9 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
           for (std::int64_t o = 0; o < d.co; ++o)
             std::fill_n(y + o * d.p() + p0, np, load_as_float(bias->data(), bias->dtype(), o));
         if (packed) {
-          float* own = col.as<float>() + p0 * d.k();  // this tile's (K, np) matrix
+          // This thread's (K, np) matrix: the same floats for each of its tiles, so that a tile's
+          // panel is written and read in L1 (a fresh part of the buffer each tile came from L2).
+          float* own = col.as<float>() + id * tile * d.k();
           const float* image = inp.as<float>() + img * d.ci * d.h * d.w;
           if (whole_tiles && np == tile)
             im2col_tile(image, d, taps.data(), p0, np, own);
