@@ -264,6 +264,17 @@ void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, f
           continue;
         }
         const OxRange ox = valid_ox(d, kx);
+        if (d.stride == 2) {  // all the output rows whose input row is in the image, one call
+          const std::int64_t oy0 = std::clamp<std::int64_t>(ceil_div(d.pad - ky, 2), 0, d.oh);
+          const std::int64_t oy1 =
+              std::clamp<std::int64_t>(floor_div(d.h - 1 + d.pad - ky, 2) + 1, oy0, d.oh);
+          if (oy0 < oy1 && ox.lo < ox.hi)
+            vec::accumulate_stride2_rows(
+                row + oy0 * d.ow + ox.lo, d.ow,
+                plane + (oy0 * 2 - d.pad + ky) * d.w - d.pad + kx + 2 * ox.lo, 2 * d.w, oy1 - oy0,
+                ox.hi - ox.lo);
+          continue;
+        }
         for (std::int64_t oy = 0; oy < d.oh; ++oy) {
           const std::int64_t iy = oy * d.stride - d.pad + ky;
           if (iy < 0 || iy >= d.h) continue;
@@ -271,8 +282,6 @@ void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, f
           const float* src = row + oy * d.ow;
           if (d.stride == 1) {
             vec::accumulate(src + ox.lo, plane + dst + ox.lo, ox.hi - ox.lo);
-          } else if (d.stride == 2) {
-            vec::accumulate_stride2(src + ox.lo, plane + dst + 2 * ox.lo, ox.hi - ox.lo);
           } else {
             for (std::int64_t i = ox.lo; i < ox.hi; ++i) plane[dst + i * d.stride] += src[i];
           }
