@@ -144,6 +144,10 @@ void gather_strided_rows(const float* x, std::int64_t ldx, std::int64_t stride, 
                          std::int64_t width) {
   MEMTRADE_VEC_DISPATCH(gather_strided_rows(x, ldx, stride, y, ldy, rows, lo, n, width));
 }
+void transpose_to_panels(const float* src, std::int64_t lds, std::int64_t rows, std::int64_t width,
+                         std::int64_t lanes, float* dst, std::int64_t ldp) {
+  MEMTRADE_VEC_DISPATCH(transpose_to_panels(src, lds, rows, width, lanes, dst, ldp));
+}
 void accumulate(const float* x, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(accumulate(x, y, n));
 }

@@ -250,6 +250,32 @@ TEST_F(VecTest, StridedConvolutionRowsOnEveryPath) {
   }
 }
 
+// transpose_to_panels (the weight gradient's B panels): rows become panel columns, rows past the
+// last as 0, every float of the panels' rows written and nothing else, at ragged rows and widths.
+TEST_F(VecTest, TransposeToPanelsOnEveryPath) {
+  const float sentinel = std::bit_cast<float>(0x7fc00123u);
+  for (vec::Isa p : paths()) {
+    vec::set_isa(p);
+    for (std::int64_t lanes : {8, 16, 32})
+      for (std::int64_t rows : {1, 7, 8, 9, 16, 23, 40})
+        for (std::int64_t width : {1, 7, 8, 13, 16, 33}) {
+          const std::int64_t lds = width + 3, panels = (rows + lanes - 1) / lanes;
+          const std::int64_t ldp = width * lanes + 5;  // a gap between panels, left alone
+          const auto src = inputs(static_cast<std::size_t>(rows * lds), 31, 6.0f);
+          std::vector<float> dst(static_cast<std::size_t>(panels * ldp), sentinel);
+          auto want = dst;
+          for (std::int64_t r = 0; r < panels * lanes; ++r)
+            for (std::int64_t q = 0; q < width; ++q)
+              want[(r / lanes) * ldp + q * lanes + r % lanes] = r < rows ? src[r * lds + q] : 0.0f;
+          vec::transpose_to_panels(src.data(), lds, rows, width, lanes, dst.data(), ldp);
+          for (std::size_t k = 0; k < dst.size(); ++k)
+            EXPECT_EQ(raw(dst[k]), raw(want[k]))
+                << "transpose_to_panels on " << vec::isa_name(p) << " lanes=" << lanes
+                << " rows=" << rows << " width=" << width << " k=" << k;
+        }
+  }
+}
+
 // The optimizer's element arithmetic (kernels/optimizer_math.h) vectorised: every kind, every
 // path, the same bits as SSE2, and as the scalar template itself.
 TEST_F(VecTest, OptimizerStepIsTheScalarArithmeticOnEveryPath) {
