@@ -281,6 +281,13 @@ void im2col_panels(const Tensor& inp, std::int64_t img, const ConvDims& d, std::
 // dx (Ci, H, W) planes [ci0, ci1) = Σ over windows of col's rows of those channels: the adjoint
 // of im2col. Overwrites the wrapped columns of flat rows (see FlatRow) with 0.
 void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, float* dx) {
+  // The flat rows of every kernel tap once, when there are few taps (3x3: 9), as in im2col (per
+  // channel and tap they were 2% of cnn-small's 8x8 input gradient).
+  constexpr std::int64_t kMaxTaps = 25;
+  const bool taps_cached = flat_rows(d) && d.kh * d.kw <= kMaxTaps;
+  FlatRow taps[kMaxTaps];
+  if (taps_cached)
+    for (std::int64_t t = 0; t < d.kh * d.kw; ++t) taps[t] = flat_row(d, t / d.kw, t % d.kw);
   for (std::int64_t ci = ci0; ci < ci1; ++ci) {
     float* plane = dx + ci * d.h * d.w;
     std::fill(plane, plane + d.h * d.w, 0.0f);
@@ -288,7 +295,7 @@ void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, f
       for (std::int64_t kx = 0; kx < d.kw; ++kx) {
         float* row = col + ((ci * d.kh + ky) * d.kw + kx) * d.p();
         if (flat_rows(d)) {  // the wrapped columns (this op's own scratch) become 0 first
-          const FlatRow r = flat_row(d, ky, kx);
+          const FlatRow r = taps_cached ? taps[ky * d.kw + kx] : flat_row(d, ky, kx);
           zero_wrapped(d, r, r.src0, r.src1, row);
           vec::accumulate(row + r.src0, plane + r.src0 + r.shift, r.src1 - r.src0);
           continue;
