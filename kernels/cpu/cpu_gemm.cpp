@@ -32,13 +32,6 @@ constexpr std::int64_t kSmallChunk = 256;
 // row: transpose_rows): every A buffer has them at its end.
 constexpr std::int64_t kPackSlack = 8;
 
-// n floats (at least 16, a whole number of 64-byte lines: aligned_alloc's size rule).
-AlignedFloats aligned_floats(std::int64_t n) {
-  const auto lines = static_cast<std::size_t>(std::max<std::int64_t>(1, (n + 15) / 16));
-  AlignedFloats p(static_cast<float*>(std::aligned_alloc(64, lines * 64)));
-  if (!p) throw std::bad_alloc();
-  return p;
-}
 // This thread's packing buffers, 64-byte aligned, made on first use (about 1.25 MiB; host memory
 // of the engine's own, like OpenBLAS's buffers, outside the modelled device memory).
 struct Buffers {
@@ -65,6 +58,13 @@ std::atomic<GemmPath>& current() {
 }
 
 }  // namespace
+
+AlignedFloats aligned_floats(std::int64_t n) {
+  const auto lines = static_cast<std::size_t>(std::max<std::int64_t>(1, (n + 15) / 16));
+  AlignedFloats p(static_cast<float*>(std::aligned_alloc(64, lines * 64)));
+  if (!p) throw std::bad_alloc();
+  return p;
+}
 
 bool gemm_available(GemmPath path) {
 #ifdef MEMTRADE_GEMM_X86
@@ -228,6 +228,11 @@ void own_sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
                float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                float beta, float* c, std::int64_t ldc) {
   MEMTRADE_GEMM_DISPATCH(sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+}
+
+bool own_sgemm_reads_b_rows(std::int64_t m, std::int64_t n, std::int64_t k) {
+  if (gemm_path() == GemmPath::blas) return false;
+  MEMTRADE_GEMM_DISPATCH(small_m_pays(m, n, k));
 }
 
 PackedA::PackedA(bool trans_a, std::int64_t m, std::int64_t k, const float* a, std::int64_t lda)

@@ -51,11 +51,19 @@ void own_sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
                float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                float beta, float* c, std::int64_t ldc);
 
+// Whether own_sgemm(false, true, m, n, k, ...) on the path in use takes its small-m route, which
+// reads B's rows in place (no packing of Bᵀ): a caller then gains nothing by handing Bᵀ over as
+// panels (false on blas).
+bool own_sgemm_reads_b_rows(std::int64_t m, std::int64_t n, std::int64_t k);
+
 // 64-byte aligned floats (std::aligned_alloc), freed with std::free.
 struct AlignedFree {
   void operator()(float* p) const { std::free(p); }
 };
 using AlignedFloats = std::unique_ptr<float, AlignedFree>;
+// n floats (at least 16, a whole number of 64-byte lines: aligned_alloc's size rule); throws
+// std::bad_alloc.
+AlignedFloats aligned_floats(std::int64_t n);
 
 // op(A) (m, k) packed once, for many products with the same A: a convolution's weight, used once
 // per image and pixel tile. On the own path in use when made (std::logic_error on blas), and

@@ -248,9 +248,46 @@ void im2col_tile_lanes(const float* image, const ConvDims& d, std::int64_t p0, s
   fill_panel_lanes(image, d.ci, d.h * d.w, offsets, mask, d.kh * d.kw, lanes, out);
 }
 
+// The weight gradient's B operand on the own GEMM, colᵀ (P, nk) for channels [c0, c1) of an fp32
+// image (col rows k0 = c0·KH·KW on, nk of them), as ready panels: panel g (col rows k0 + g·lanes
+// on, lanes = gemm_panel_width()) at panels + g·P·lanes, its row p those rows' values at pixel p;
+// a last panel of fewer than `lanes` rows (rows past nk 0) at `last` instead (P·lanes floats), not
+// past the nk·P floats at panels. Tile by tile of `lanes` pixels, the forward's im2col tiles (nk,
+// lanes) into `tile`, each transposed into its rows of every panel: the GEMM then packs no B, and
+// col is never written and read back row by row (the weight gradient's im2col and packing of colᵀ
+// were a third of cnn-small's stride-2 weight gradients).
+void im2col_panels(const Tensor& inp, std::int64_t img, const ConvDims& d, std::int64_t c0,
+                   std::int64_t c1, const FlatRow* taps, float* tile, float* panels, float* last) {
+  const std::int64_t lanes = gemm_panel_width(), kk = d.kh * d.kw, nk = (c1 - c0) * kk;
+  const std::int64_t whole = nk / lanes * lanes;  // rows in whole panels
+  ConvDims sub = d;  // the tile functions read channels [0, ci) of the image they are given
+  sub.ci = c1 - c0;
+  const float* image = inp.as<float>() + (img * d.ci + c0) * d.h * d.w;
+  for (std::int64_t p0 = 0; p0 < d.p(); p0 += lanes) {
+    const std::int64_t np = std::min(lanes, d.p() - p0);
+    if (np == lanes && taps)
+      im2col_tile(image, sub, taps, p0, np, tile);
+    else if (np == lanes && d.kh <= 7 && d.kw <= 7 && d.h * d.w <= (std::int64_t{1} << 30))
+      im2col_tile_lanes(image, sub, p0, np, tile);
+    else  // row k of col at tile + (k − k0)·lanes, pixels [p0, p0 + np)
+      im2col(inp, img, d, c0 * kk, c0 * kk + nk, p0, p0 + np, tile - c0 * kk * lanes - p0, lanes);
+    vec::transpose_to_panels(tile, lanes, whole, np, lanes, panels + p0 * lanes, d.p() * lanes);
+    if (whole < nk)
+      vec::transpose_to_panels(tile + whole * lanes, lanes, nk - whole, np, lanes,
+                               last + p0 * lanes, d.p() * lanes);
+  }
+}
+
 // dx (Ci, H, W) planes [ci0, ci1) = Σ over windows of col's rows of those channels: the adjoint
 // of im2col. Overwrites the wrapped columns of flat rows (see FlatRow) with 0.
 void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, float* dx) {
+  // The flat rows of every kernel tap once, when there are few taps (3x3: 9), as in im2col (per
+  // channel and tap they were 2% of cnn-small's 8x8 input gradient).
+  constexpr std::int64_t kMaxTaps = 25;
+  const bool taps_cached = flat_rows(d) && d.kh * d.kw <= kMaxTaps;
+  FlatRow taps[kMaxTaps];
+  if (taps_cached)
+    for (std::int64_t t = 0; t < d.kh * d.kw; ++t) taps[t] = flat_row(d, t / d.kw, t % d.kw);
   for (std::int64_t ci = ci0; ci < ci1; ++ci) {
     float* plane = dx + ci * d.h * d.w;
     std::fill(plane, plane + d.h * d.w, 0.0f);
@@ -258,12 +295,23 @@ void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, f
       for (std::int64_t kx = 0; kx < d.kw; ++kx) {
         float* row = col + ((ci * d.kh + ky) * d.kw + kx) * d.p();
         if (flat_rows(d)) {  // the wrapped columns (this op's own scratch) become 0 first
-          const FlatRow r = flat_row(d, ky, kx);
+          const FlatRow r = taps_cached ? taps[ky * d.kw + kx] : flat_row(d, ky, kx);
           zero_wrapped(d, r, r.src0, r.src1, row);
           vec::accumulate(row + r.src0, plane + r.src0 + r.shift, r.src1 - r.src0);
           continue;
         }
         const OxRange ox = valid_ox(d, kx);
+        if (d.stride == 2) {  // all the output rows whose input row is in the image, one call
+          const std::int64_t oy0 = std::clamp<std::int64_t>(ceil_div(d.pad - ky, 2), 0, d.oh);
+          const std::int64_t oy1 =
+              std::clamp<std::int64_t>(floor_div(d.h - 1 + d.pad - ky, 2) + 1, oy0, d.oh);
+          if (oy0 < oy1 && ox.lo < ox.hi)
+            vec::accumulate_stride2_rows(
+                row + oy0 * d.ow + ox.lo, d.ow,
+                plane + (oy0 * 2 - d.pad + ky) * d.w - d.pad + kx + 2 * ox.lo, 2 * d.w, oy1 - oy0,
+                ox.hi - ox.lo);
+          continue;
+        }
         for (std::int64_t oy = 0; oy < d.oh; ++oy) {
           const std::int64_t iy = oy * d.stride - d.pad + ky;
           if (iy < 0 || iy >= d.h) continue;
@@ -271,8 +319,6 @@ void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, f
           const float* src = row + oy * d.ow;
           if (d.stride == 1) {
             vec::accumulate(src + ox.lo, plane + dst + ox.lo, ox.hi - ox.lo);
-          } else if (d.stride == 2) {
-            vec::accumulate_stride2(src + ox.lo, plane + dst + 2 * ox.lo, ox.hi - ox.lo);
           } else {
             for (std::int64_t i = ox.lo; i < ox.hi; ++i) plane[dst + i * d.stride] += src[i];
           }
@@ -400,11 +446,29 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
   // (two tiles per thread cost cnn-small 3% more time than one; channel counts divide evenly).
   const std::int64_t tile = std::max<std::int64_t>(1, (d.ci + max_threads() - 1) / max_threads());
   const std::int64_t tiles = (d.ci + tile - 1) / tile;
+  // fp32 weight gradients on the own GEMM take their B operand as panels (im2col_panels), in the
+  // thread's rows of col (the same floats, laid out as panels; 64-byte aligned) and dout packed
+  // once per image and thread. The same sums (kernels/cpu/cpu_gemm.h), so the same bits.
+  const std::int64_t lanes = gemm_panel_width();
+  const bool dw_panels = dw && gemm_path() != GemmPath::blas && inp.dtype() == DType::F32 &&
+                         reinterpret_cast<std::uintptr_t>(col.data()) % 64 == 0;
+  std::vector<FlatRow> taps;  // the flat rows' taps, for im2col_tile, as in conv2d_forward
+  for (std::int64_t t = 0; dw_panels && flat_rows(d) && kk <= 25 && t < kk; ++t)
+    taps.push_back(flat_row(d, t / d.kw, t % d.kw));
   const bool parallel = sgemm_nests() && d.n * d.co * d.p() * d.k() >= kParallelGrain;
 #pragma omp parallel if (parallel)
   {
     const int id = thread_id(), team = team_size();
+    // This thread's (nk, lanes) im2col tile and a last panel of fewer than `lanes` rows of colᵀ
+    // (its own rows of col hold the whole panels).
+    AlignedFloats dw_tile, dw_last;
+    if (dw_panels) {
+      dw_tile = aligned_floats(tile * kk * lanes);
+      if ((tile * kk) % lanes != 0 || (d.ci % tile) * kk % lanes != 0)
+        dw_last = aligned_floats(d.p() * lanes);
+    }
     for (std::int64_t img = 0; img < d.n; ++img) {
+      std::optional<PackedA> dout_packed;  // this image's dout, packed on this thread's first tile
       const std::int64_t out_off = img * d.co * d.p();
       const float* g = dout_buf ? dout_buf->as<float>() : dout.as<float>() + out_off;
       if (dout_buf) {  // one shared fp32 copy of this image's dout, once everyone is done
@@ -418,9 +482,18 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
         const std::int64_t c0 = j * tile, c1 = std::min(d.ci, c0 + tile);
         const std::int64_t k0 = c0 * kk, nk = (c1 - c0) * kk;
         float* rows = col.as<float>() + k0 * d.p();
-        if (dw) {  // dweight[:, k0:k1] (+)= dout_n (Co, P) · col[k0:k1]ᵀ (P, nk)
+        const float beta = (img == 0 && !accumulate) ? 0.0f : 1.0f;
+        // (The panels 64-byte aligned too; and not where the GEMM reads col's rows in place.)
+        if (dw_panels && (k0 * d.p()) % 16 == 0 && !own_sgemm_reads_b_rows(d.co, nk, d.p())) {
+          im2col_panels(inp, img, d, c0, c1, taps.empty() ? nullptr : taps.data(), dw_tile.get(),
+                        rows, dw_last.get());
+          if (!dout_packed) dout_packed.emplace(false, d.co, d.p(), g, d.p());
+          for (std::int64_t c = 0; c < nk; c += lanes)  // one panel of colᵀ, in place, a call
+            own_sgemm(*dout_packed, 0, d.co, false, std::min(lanes, nk - c), 1.0f,
+                      c + lanes <= nk ? rows + c * d.p() : dw_last.get(), lanes, beta,
+                      dw->data() + k0 + c, d.k());
+        } else if (dw) {  // dweight[:, k0:k1] (+)= dout_n (Co, P) · col[k0:k1]ᵀ (P, nk)
           im2col(inp, img, d, k0, k0 + nk, 0, d.p(), col.as<float>(), d.p());
-          const float beta = (img == 0 && !accumulate) ? 0.0f : 1.0f;
           sgemm(false, true, d.co, nk, d.p(), 1.0f, g, d.p(), rows, d.p(), beta, dw->data() + k0,
                 d.k());
         }

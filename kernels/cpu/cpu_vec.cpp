@@ -17,16 +17,24 @@
 
 #include "kernels/optimizer_math.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 namespace memtrade::cpu::vec {
 
 namespace sse2 {
 #include "kernels/cpu/cpu_vec_kernels.inc"
 }  // namespace sse2
 
+// The few loops GCC does not vectorise well (short strided rows) are written with AVX2
+// intrinsics where MEMTRADE_VEC_AVX2 is defined: on the AVX2 path and the AVX-512F one (which
+// includes AVX2). `#pragma GCC target` does not define __AVX2__, hence a macro of our own.
 #if defined(__x86_64__) && defined(__GNUC__)
 #define MEMTRADE_VEC_X86 1
 #pragma GCC push_options
 #pragma GCC target("avx2")
+#define MEMTRADE_VEC_AVX2 1
 namespace avx2 {
 #include "kernels/cpu/cpu_vec_kernels.inc"
 }  // namespace avx2
@@ -36,6 +44,7 @@ namespace avx2 {
 namespace avx512 {
 #include "kernels/cpu/cpu_vec_kernels.inc"
 }  // namespace avx512
+#undef MEMTRADE_VEC_AVX2
 #pragma GCC pop_options
 #endif
 
@@ -135,11 +144,19 @@ void gather_strided_rows(const float* x, std::int64_t ldx, std::int64_t stride, 
                          std::int64_t width) {
   MEMTRADE_VEC_DISPATCH(gather_strided_rows(x, ldx, stride, y, ldy, rows, lo, n, width));
 }
+void transpose_to_panels(const float* src, std::int64_t lds, std::int64_t rows, std::int64_t width,
+                         std::int64_t lanes, float* dst, std::int64_t ldp) {
+  MEMTRADE_VEC_DISPATCH(transpose_to_panels(src, lds, rows, width, lanes, dst, ldp));
+}
 void accumulate(const float* x, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(accumulate(x, y, n));
 }
 void accumulate_stride2(const float* x, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(accumulate_stride2(x, y, n));
+}
+void accumulate_stride2_rows(const float* x, std::int64_t ldx, float* y, std::int64_t ldy,
+                             std::int64_t rows, std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(accumulate_stride2_rows(x, ldx, y, ldy, rows, n));
 }
 void add(const float* a, const float* b, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(add(a, b, y, n));

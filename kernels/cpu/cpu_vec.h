@@ -56,11 +56,23 @@ void gather_strided(const float* x, std::int64_t stride, float* y, std::int64_t 
 void gather_strided_rows(const float* x, std::int64_t ldx, std::int64_t stride, float* y,
                          std::int64_t ldy, std::int64_t rows, std::int64_t lo, std::int64_t n,
                          std::int64_t width);
+// Rows of src (r < rows, each `width` floats at src + r·lds) as the columns of panels `lanes`
+// wide (a GEMM's B panels; lanes a multiple of 8): dst[(r / lanes)·ldp + p·lanes + r % lanes] =
+// src[r·lds + p] for p < width and r < rows rounded up to lanes, the rows past `rows` as 0. src
+// and dst do not overlap.
+void transpose_to_panels(const float* src, std::int64_t lds, std::int64_t rows, std::int64_t width,
+                         std::int64_t lanes, float* dst, std::int64_t ldp);
 // y[i] += x[i]: col2im's fold. x and y do not overlap.
 void accumulate(const float* x, float* y, std::int64_t n);
 // y[2i] += x[i] for i < n: the fold of a stride-2 convolution. Only those floats of y change
 // (the ones between are rewritten with their own bits), and none past y[2n − 2] is touched.
 void accumulate_stride2(const float* x, float* y, std::int64_t n);
+// The same for rows r < rows, in order: y[r·ldy + 2i] += x[r·ldx + i] (ldy ≥ 2n): one call for
+// all the output rows of a (channel, tap) of col2im. Only those floats of y change; others between
+// y and the last one, y[(rows − 1)·ldy + 2n − 2], may be rewritten with their own bits, none
+// outside. x and y do not overlap.
+void accumulate_stride2_rows(const float* x, std::int64_t ldx, float* y, std::int64_t ldy,
+                             std::int64_t rows, std::int64_t n);
 // y[i] = a[i] + b[i]. y may alias a or b.
 void add(const float* a, const float* b, float* y, std::int64_t n);
 // ReLU: y[i] = x[i] <= 0 ? +0 : x[i] (NaN passes, as in torch.relu); backward y[i] = o[i] > 0 ?

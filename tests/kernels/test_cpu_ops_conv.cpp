@@ -1,4 +1,6 @@
 // conv2d forward/backward (im2col + GEMM) against a direct double convolution.
+#include <bit>
+#include <cstdint>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -177,6 +179,59 @@ TEST_F(OpsTest, ConvOnEveryGemmPathMatchesTheReference) {
       expect_close(get(dw), want.dw, 1e-5, 1e-5, "dweight");
     }
   }
+}
+
+// The weight gradient on the own GEMM, whichever way its B operand reaches the GEMM (colᵀ from
+// col's rows, or panels filled tile by tile: cpu_ops_conv.cpp's im2col_panels, whole panels and a
+// last narrower one, whole pixel tiles and a ragged last one), is bit for bit own_sgemm's
+// dout·colᵀ summed image after image over an explicit im2col (the GEMM's rounding contract:
+// kernels/cpu/cpu_gemm.h), with two threads and one.
+TEST_F(OpsTest, ConvWeightGradientIsTheOwnGemmsBits) {
+  const cpu::GemmPath keep = cpu::gemm_path();
+  for (cpu::GemmPath path : {cpu::GemmPath::avx2, cpu::GemmPath::avx512}) {
+    if (!cpu::gemm_available(path)) continue;
+    cpu::set_gemm_path(path);
+    for (const Conv& d : {Conv{2, 6, 32, 32, 8, 3, 2, 1}, Conv{2, 16, 16, 16, 24, 3, 2, 1},
+                          Conv{2, 5, 12, 10, 7, 3, 1, 1}, Conv{2, 4, 9, 9, 3, 3, 2, 0},
+                          Conv{2, 8, 8, 8, 20, 3, 1, 1}}) {
+      SCOPED_TRACE(std::string(cpu::gemm_path_name(path)) + " ci " + std::to_string(d.ci) + " " +
+                   std::to_string(d.h) + "x" + std::to_string(d.w) + " stride " +
+                   std::to_string(d.stride));
+      const int oh = d.oh(), ow = d.ow(), p = oh * ow, k = d.ci * d.k * d.k;
+      const auto x = rand_vec(d.n * d.ci * d.h * d.w, 51), wt = rand_vec(d.co * k, 52),
+                 r = rand_vec(d.n * d.co * p, 53);
+      std::vector<float> want(static_cast<std::size_t>(d.co * k)),
+          col(static_cast<std::size_t>(k * p));
+      for (int i = 0; i < d.n; ++i) {
+        for (int c = 0; c < d.ci; ++c)
+          for (int ky = 0; ky < d.k; ++ky)
+            for (int kx = 0; kx < d.k; ++kx)
+              for (int oy = 0; oy < oh; ++oy)
+                for (int ox = 0; ox < ow; ++ox) {
+                  const int iy = oy * d.stride - d.pad + ky, ix = ox * d.stride - d.pad + kx;
+                  const bool in = iy >= 0 && iy < d.h && ix >= 0 && ix < d.w;
+                  col[((c * d.k + ky) * d.k + kx) * p + oy * ow + ox] =
+                      in ? x[((i * d.ci + c) * d.h + iy) * d.w + ix] : 0.0f;
+                }
+        cpu::own_sgemm(false, true, d.co, k, p, 1.0f, r.data() + i * d.co * p, p, col.data(), p,
+                       i == 0 ? 0.0f : 1.0f, want.data(), k);
+      }
+      for (int threads : {2, 1}) {
+        const int keep_threads = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        Tensor tx = make({d.n, d.ci, d.h, d.w}, x), tw = make({d.co, d.ci, d.k, d.k}, wt);
+        Tensor dout = make({d.n, d.co, oh, ow}, r), dw = garbage({d.co, d.ci, d.k, d.k});
+        ops().conv2d_backward(nullptr, &dw, nullptr, dout, tx, tw, d.stride, d.pad, false);
+        omp_set_num_threads(keep_threads);
+        const std::vector<float> got = get(dw);
+        std::size_t differ = 0;
+        for (std::size_t j = 0; j < got.size(); ++j)
+          differ += std::bit_cast<std::uint32_t>(got[j]) != std::bit_cast<std::uint32_t>(want[j]);
+        EXPECT_EQ(differ, 0u) << threads << " threads";
+      }
+    }
+  }
+  cpu::set_gemm_path(keep);
 }
 
 // Inputs narrower than the kernel's reach on one side: windows that see no input column at

@@ -188,6 +188,94 @@ TEST_F(VecTest, EveryPathGivesTheSameBits) {
   }
 }
 
+// Raw bits, NaN included (a float that must be left alone keeps its payload).
+std::uint32_t raw(float v) {
+  return std::bit_cast<std::uint32_t>(v);
+}
+
+// im2col's and col2im's strided rows (kernels/cpu/cpu_ops_conv.cpp) on every path: the scalar
+// formulas' bits, at ragged row lengths, offsets and row pitches, with nothing outside the rows
+// written. The sources sit at the very ends of their buffers, where a load past the last read (or
+// before the first) would show under a sanitizer.
+TEST_F(VecTest, StridedConvolutionRowsOnEveryPath) {
+  const float sentinel = std::bit_cast<float>(0x7fc00123u);
+  for (vec::Isa p : paths()) {
+    vec::set_isa(p);
+    for (std::int64_t rows : {1, 2, 3, 7})
+      for (std::int64_t n : {1, 2, 7, 8, 9, 15, 16, 17, 33})
+        for (std::int64_t pad : {0, 1, 5}) {  // ldy = 2n + pad, ldx = n + pad
+          const std::int64_t ldx = n + pad, ldy = 2 * n + pad;
+          const std::string at = std::string(" on ") + vec::isa_name(p) +
+                                 " rows=" + std::to_string(rows) + " n=" + std::to_string(n) +
+                                 " pad=" + std::to_string(pad);
+          // accumulate_stride2_rows: y[r·ldy + 2i] += x[r·ldx + i], the rest of y untouched.
+          const auto xs = inputs(static_cast<std::size_t>((rows - 1) * ldx + n), 21, 4.0f);
+          const std::int64_t span = (rows - 1) * ldy + 2 * n - 1, guard = 24;
+          auto y = inputs(static_cast<std::size_t>(span + 2 * guard), 22, 3.0f);
+          for (std::int64_t i = 0; i < guard; ++i) y[i] = y[guard + span + i] = sentinel;
+          auto want = y;
+          std::vector<bool> changed(y.size());
+          for (std::int64_t r = 0; r < rows; ++r)
+            for (std::int64_t i = 0; i < n; ++i) {
+              const auto k = static_cast<std::size_t>(guard + r * ldy + 2 * i);
+              want[k] += xs[r * ldx + i];
+              changed[k] = true;
+            }
+          vec::accumulate_stride2_rows(xs.data(), ldx, y.data() + guard, ldy, rows, n);
+          for (std::size_t k = 0; k < y.size(); ++k)
+            if (changed[k] && std::isnan(want[k]))
+              EXPECT_TRUE(std::isnan(y[k])) << "accumulate_stride2_rows" << at << " k=" << k;
+            else
+              EXPECT_EQ(raw(y[k]), raw(want[k])) << "accumulate_stride2_rows" << at << " k=" << k;
+          // gather_strided_rows: y[r·ldy + lo + j] = x[r·ldx + j·stride], 0 elsewhere in the
+          // row's width, nothing between the rows written.
+          for (std::int64_t stride : {1, 2, 3})
+            for (std::int64_t lo : {0, 1, 3}) {
+              const std::int64_t width = lo + n + pad % 3, gx = stride * n + pad;
+              const auto src = inputs(
+                  static_cast<std::size_t>((rows - 1) * gx + stride * (n - 1) + 1), 23, 5.0f);
+              const std::int64_t gy = width + pad;
+              std::vector<float> out(static_cast<std::size_t>(rows * gy), sentinel);
+              auto expect = out;
+              for (std::int64_t r = 0; r < rows; ++r)
+                for (std::int64_t i = 0; i < width; ++i)
+                  expect[r * gy + i] =
+                      i >= lo && i < lo + n ? src[r * gx + (i - lo) * stride] : 0.0f;
+              vec::gather_strided_rows(src.data(), gx, stride, out.data(), gy, rows, lo, n, width);
+              for (std::size_t k = 0; k < out.size(); ++k)
+                EXPECT_EQ(raw(out[k]), raw(expect[k]))
+                    << "gather_strided_rows stride " << stride << " lo " << lo << at << " k=" << k;
+            }
+        }
+  }
+}
+
+// transpose_to_panels (the weight gradient's B panels): rows become panel columns, rows past the
+// last as 0, every float of the panels' rows written and nothing else, at ragged rows and widths.
+TEST_F(VecTest, TransposeToPanelsOnEveryPath) {
+  const float sentinel = std::bit_cast<float>(0x7fc00123u);
+  for (vec::Isa p : paths()) {
+    vec::set_isa(p);
+    for (std::int64_t lanes : {8, 16, 32})
+      for (std::int64_t rows : {1, 7, 8, 9, 16, 23, 40})
+        for (std::int64_t width : {1, 7, 8, 13, 16, 33}) {
+          const std::int64_t lds = width + 3, panels = (rows + lanes - 1) / lanes;
+          const std::int64_t ldp = width * lanes + 5;  // a gap between panels, left alone
+          const auto src = inputs(static_cast<std::size_t>(rows * lds), 31, 6.0f);
+          std::vector<float> dst(static_cast<std::size_t>(panels * ldp), sentinel);
+          auto want = dst;
+          for (std::int64_t r = 0; r < panels * lanes; ++r)
+            for (std::int64_t q = 0; q < width; ++q)
+              want[(r / lanes) * ldp + q * lanes + r % lanes] = r < rows ? src[r * lds + q] : 0.0f;
+          vec::transpose_to_panels(src.data(), lds, rows, width, lanes, dst.data(), ldp);
+          for (std::size_t k = 0; k < dst.size(); ++k)
+            EXPECT_EQ(raw(dst[k]), raw(want[k]))
+                << "transpose_to_panels on " << vec::isa_name(p) << " lanes=" << lanes
+                << " rows=" << rows << " width=" << width << " k=" << k;
+        }
+  }
+}
+
 // The optimizer's element arithmetic (kernels/optimizer_math.h) vectorised: every kind, every
 // path, the same bits as SSE2, and as the scalar template itself.
 TEST_F(VecTest, OptimizerStepIsTheScalarArithmeticOnEveryPath) {
