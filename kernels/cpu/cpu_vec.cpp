@@ -151,6 +151,9 @@ void transpose_to_panels(const float* src, std::int64_t lds, std::int64_t rows, 
 void accumulate(const float* x, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(accumulate(x, y, n));
 }
+void accumulate3(const float* a, const float* b, const float* c, float* y, std::int64_t n) {
+  MEMTRADE_VEC_DISPATCH(accumulate3(a, b, c, y, n));
+}
 void accumulate_stride2(const float* x, float* y, std::int64_t n) {
   MEMTRADE_VEC_DISPATCH(accumulate_stride2(x, y, n));
 }

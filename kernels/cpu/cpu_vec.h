@@ -64,6 +64,9 @@ void transpose_to_panels(const float* src, std::int64_t lds, std::int64_t rows, 
                          std::int64_t lanes, float* dst, std::int64_t ldp);
 // y[i] += x[i]: col2im's fold. x and y do not overlap.
 void accumulate(const float* x, float* y, std::int64_t n);
+// y[i] = ((y[i] + a[i]) + b[i]) + c[i]: col2im's fold of a row of three kernel taps at once
+// (the same additions as three accumulate calls, y read and written once). No input overlaps y.
+void accumulate3(const float* a, const float* b, const float* c, float* y, std::int64_t n);
 // y[2i] += x[i] for i < n: the fold of a stride-2 convolution. Only those floats of y change
 // (the ones between are rewritten with their own bits), and none past y[2n − 2] is touched.
 void accumulate_stride2(const float* x, float* y, std::int64_t n);

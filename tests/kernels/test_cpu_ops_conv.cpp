@@ -234,6 +234,58 @@ TEST_F(OpsTest, ConvWeightGradientIsTheOwnGemmsBits) {
   cpu::set_gemm_path(keep);
 }
 
+// The input gradient on the own GEMM: bit for bit own_sgemm's weightᵀ·dout (the column gradient)
+// folded back into each plane element by element, from +0, tap after tap in (ky, kx) order, as
+// col2im's vector folds must (stride 2: all of a tap's output rows in one call; flat 3-wide rows:
+// three taps in one pass on planes of 16x16 and more), with two threads and one.
+TEST_F(OpsTest, ConvInputGradientIsTheOwnGemmsBitsFoldedInTapOrder) {
+  const cpu::GemmPath keep = cpu::gemm_path();
+  for (cpu::GemmPath path : {cpu::GemmPath::avx2, cpu::GemmPath::avx512}) {
+    if (!cpu::gemm_available(path)) continue;
+    cpu::set_gemm_path(path);
+    for (const Conv& d : {Conv{2, 6, 32, 32, 8, 3, 2, 1}, Conv{2, 4, 17, 15, 5, 3, 2, 1},
+                          Conv{2, 5, 20, 18, 7, 3, 1, 1}, Conv{2, 4, 16, 16, 6, 3, 1, 1},
+                          Conv{2, 4, 9, 9, 3, 3, 2, 0}, Conv{2, 3, 16, 16, 5, 1, 2, 0}}) {
+      SCOPED_TRACE(std::string(cpu::gemm_path_name(path)) + " ci " + std::to_string(d.ci) + " " +
+                   std::to_string(d.h) + "x" + std::to_string(d.w) + " k" + std::to_string(d.k) +
+                   " stride " + std::to_string(d.stride));
+      const int oh = d.oh(), ow = d.ow(), p = oh * ow, k = d.ci * d.k * d.k;
+      const auto x = rand_vec(d.n * d.ci * d.h * d.w, 61), wt = rand_vec(d.co * k, 62),
+                 r = rand_vec(d.n * d.co * p, 63);
+      std::vector<float> want(x.size()), dcol(static_cast<std::size_t>(k * p));
+      for (int i = 0; i < d.n; ++i) {
+        cpu::own_sgemm(true, false, k, p, d.co, 1.0f, wt.data(), k, r.data() + i * d.co * p, p,
+                       0.0f, dcol.data(), p);
+        for (int c = 0; c < d.ci; ++c) {
+          float* plane = want.data() + (i * d.ci + c) * d.h * d.w;
+          for (int ky = 0; ky < d.k; ++ky)
+            for (int kx = 0; kx < d.k; ++kx)
+              for (int oy = 0; oy < oh; ++oy)
+                for (int ox = 0; ox < ow; ++ox) {
+                  const int iy = oy * d.stride - d.pad + ky, ix = ox * d.stride - d.pad + kx;
+                  if (iy >= 0 && iy < d.h && ix >= 0 && ix < d.w)
+                    plane[iy * d.w + ix] += dcol[((c * d.k + ky) * d.k + kx) * p + oy * ow + ox];
+                }
+        }
+      }
+      for (int threads : {2, 1}) {
+        const int keep_threads = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        Tensor tx = make({d.n, d.ci, d.h, d.w}, x), tw = make({d.co, d.ci, d.k, d.k}, wt);
+        Tensor dout = make({d.n, d.co, oh, ow}, r), dx = garbage({d.n, d.ci, d.h, d.w});
+        ops().conv2d_backward(&dx, nullptr, nullptr, dout, tx, tw, d.stride, d.pad, false);
+        omp_set_num_threads(keep_threads);
+        const std::vector<float> got = get(dx);
+        std::size_t differ = 0;
+        for (std::size_t j = 0; j < got.size(); ++j)
+          differ += std::bit_cast<std::uint32_t>(got[j]) != std::bit_cast<std::uint32_t>(want[j]);
+        EXPECT_EQ(differ, 0u) << threads << " threads";
+      }
+    }
+  }
+  cpu::set_gemm_path(keep);
+}
+
 // Inputs narrower than the kernel's reach on one side: windows that see no input column at
 // all, where the first and last valid output columns must be computed with floor and ceiling.
 TEST_F(OpsTest, ConvTinyInputsWithPaddingAndStride) {

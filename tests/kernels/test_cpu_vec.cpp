@@ -66,6 +66,7 @@ void expect_same_bits_on_every_path(const std::vector<vec::Isa>& paths,
 }
 
 TEST_F(VecTest, EveryPathGivesTheSameBits) {
+  const float sentinel_of_accumulate3 = std::bit_cast<float>(0x7fc00123u);
   for (std::size_t n : {1u, 7u, 16u, 33u, 257u, 1000u}) {
     const auto x = inputs(n, 11, 30.0f), g = inputs(n, 12, 2.0f), u = inputs(n, 13, 3.0f);
     const auto w = rand_vec(n, 14);
@@ -117,6 +118,16 @@ TEST_F(VecTest, EveryPathGivesTheSameBits) {
                                      vec::accumulate(x.data(), y.data(), n);
                                    }),
                                    "accumulate" + at);
+    for (vec::Isa p : paths()) {  // three taps' fold: ((y + a) + b) + c, nothing past n
+      vec::set_isa(p);
+      auto y = w;
+      y.push_back(sentinel_of_accumulate3);
+      auto want = y;
+      for (std::size_t i = 0; i < n; ++i) want[i] = ((want[i] + x[i]) + g[i]) + u[i];
+      vec::accumulate3(x.data(), g.data(), u.data(), y.data(), static_cast<std::int64_t>(n));
+      EXPECT_EQ(bits(y), bits(want)) << "accumulate3" << at << " on " << vec::isa_name(p);
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(y[n]), 0x7fc00123u) << "accumulate3 past n" << at;
+    }
     for (vec::Isa p : paths()) {  // the stride-2 fold: y[2i] += x[i], nothing else changes
       vec::set_isa(p);
       auto y = w;
