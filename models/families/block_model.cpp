@@ -187,10 +187,17 @@ void BlockModel::backward(Device& dev, ParamStore& store, float dloss) {
     for (int i = seg->end - 1; i >= seg->begin; --i) {
       c.segment = i;
       ScopedRange range(dev, block_label(i).c_str());
-      fetch(i);
+      bool fetched = false;
+      c.fetch_saved = [&fetch, &fetched, i] {
+        if (!fetched) fetch(i);
+        fetched = true;
+      };
+      if (!block_backward_fetches()) c.fetch_saved();
       store.enter_block(i);
       store.block_backward_begins(i);
       block_backward(c, i, dres);
+      c.fetch_saved();  // (a block that took nothing: its copies land before its release)
+      c.fetch_saved = nullptr;
       store.clear_casts();  // casts a selective recompute made for itself
       store.block_grads_done(i);
       store.exit_block(i);

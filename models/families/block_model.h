@@ -62,6 +62,10 @@ class BlockModel : public Model {
   virtual Tensor head_forward(LayerCtx& c, Tensor x, const Tensor& targets) = 0;
   virtual Tensor head_backward(LayerCtx& c, float dloss) = 0;
   virtual void block_backward(LayerCtx& c, int block, Tensor& dres) = 0;
+  // Whether block_backward brings its offloaded tensors back itself (c.fetch_saved()), after
+  // work that reads none of them, so that they arrive beside less; otherwise backward() fetches
+  // them before it (the MLP: a block's ReLU mask reads only the output its consumer handed on).
+  virtual bool block_backward_fetches() const { return false; }
   virtual void stem_backward(LayerCtx& c, Tensor& dres) = 0;
 
   // Forward FLOPs (2 per multiply-add of GEMMs/convs) of the parts, the extra forward work

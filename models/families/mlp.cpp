@@ -112,6 +112,9 @@ void MlpModel::block_backward(LayerCtx& c, int block, Tensor& dres) {
     c.ops().relu_backward(dh, dres, r);
     dres = std::move(dh);
   }
+  // Only now does the block need what it offloaded: its input comes back after its ReLU output
+  // is freed, as autograd unpacks AddmmBackward's input after ReluBackward has run.
+  if (c.fetch_saved) c.fetch_saved();
   Tensor x = c.saved.take(c.segment, "x");  // (N, in)
   if (block == 0) {                         // the input needs no gradient
     linear_backward(c, nullptr, dres, x, layers_[0], [&] {

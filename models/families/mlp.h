@@ -16,9 +16,8 @@
 // consumer inside the segment saves as a view. Per-block checkpointing therefore saves no memory
 // here (as with torch.utils.checkpoint on such a block); sqrt does, by dropping the inputs inside
 // a segment; selective changes nothing. Under activation offload the handed-on output stays on
-// the device until block j's mask, beside block j's input fetched back for its linear: one
-// activation more than when block j+1 applied the mask (mlp-tiny b256 fp32 SGD: 280,064 ->
-// 328,704 B, the peak without offload).
+// the device until block j's mask, and block j's input comes back only after it
+// (block_backward_fetches), as autograd unpacks AddmmBackward's input after ReluBackward ran.
 #pragma once
 
 #include <string>
@@ -56,6 +55,7 @@ class MlpModel final : public BlockModel {
   Tensor head_forward(LayerCtx& c, Tensor x, const Tensor& targets) override;
   Tensor head_backward(LayerCtx& c, float dloss) override;
   void block_backward(LayerCtx& c, int block, Tensor& dres) override;
+  bool block_backward_fetches() const override { return true; }
   void stem_backward(LayerCtx&, Tensor& dres) override { dres.reset(); }
   double stem_flops(std::int64_t) const override { return 0.0; }
   double block_flops(std::int64_t batch, int block) const override;

@@ -20,6 +20,7 @@
 // the O2 precisions byte for byte what fp16/bf16 were before autocast existed.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string_view>
@@ -68,6 +69,9 @@ struct LayerCtx {
   // autograd holds; the ops and so the arithmetic are the same (models/families/llama.h).
   bool hf_eager = false;
   bool backward = false;  // in Model::backward: saved weight casts are read, never made
+  // In a block's backward, where BlockModel::block_backward_fetches(): brings the block's
+  // offloaded saved tensors back (the first call; later ones do nothing).
+  std::function<void()> fetch_saved = nullptr;
   // Tensor parallelism (models/layers/tensor_parallel.h): the tp group of this model replica
   // (null: one rank, no collective), and whether the residual stream's tokens are split over it
   // (sequence parallelism).
