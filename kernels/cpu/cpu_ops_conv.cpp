@@ -486,7 +486,14 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
   // Channels per tile: one tile per thread, since each tile's GEMMs pack this image's dout again
   // (two tiles per thread cost cnn-small 3% more time than one; channel counts divide evenly).
   const std::int64_t tile = std::max<std::int64_t>(1, (d.ci + max_threads() - 1) / max_threads());
-  const std::int64_t tiles = (d.ci + tile - 1) / tile;
+  // Without an input gradient (a network's first layer) col's rows may be split anywhere, not
+  // only at channels: a 3-channel image's 27 rows as 14 + 13 rather than 18 + 9 (cnn-small's stem
+  // left one thread idle for a third of its backward).
+  const bool row_tiles = !dinp && d.ci % max_threads() != 0;
+  const std::int64_t tile_rows =
+      row_tiles ? std::max<std::int64_t>(1, (d.k() + max_threads() - 1) / max_threads()) : 0;
+  const std::int64_t tiles =
+      row_tiles ? (d.k() + tile_rows - 1) / tile_rows : (d.ci + tile - 1) / tile;
   // fp32 weight gradients on the own GEMM take their B operand as panels (im2col_panels), in the
   // thread's rows of col (the same floats, laid out as panels; 64-byte aligned) and dout packed
   // once per image and thread. The same sums (kernels/cpu/cpu_gemm.h), so the same bits.
@@ -520,14 +527,15 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
       const std::int64_t in_off = img * d.ci * d.h * d.w;
       float* dx = dinp_buf ? dinp_buf->as<float>() : dinp ? dinp->as<float>() + in_off : nullptr;
       for (std::int64_t j = id; j < tiles; j += team) {
-        const std::int64_t c0 = j * tile, c1 = std::min(d.ci, c0 + tile);
-        const std::int64_t k0 = c0 * kk, nk = (c1 - c0) * kk;
+        const std::int64_t c0 = j * tile, c1 = std::min(d.ci, c0 + tile);  // channel tiles
+        const std::int64_t k0 = row_tiles ? j * tile_rows : c0 * kk;
+        const std::int64_t nk = row_tiles ? std::min(tile_rows, d.k() - k0) : (c1 - c0) * kk;
         float* rows = col.as<float>() + k0 * d.p();
         const float beta = (img == 0 && !accumulate) ? 0.0f : 1.0f;
         // (The panels 64-byte aligned too; not where the GEMM reads col's rows in place; and not
         // for fewer than two panels of rows: cnn-small's stem, 9 and 18 rows a thread, measured
         // 0.85 -> 1.10 ms on panels, the 1x1 downsample's 16 rows slower too.)
-        if (dw_panels && nk >= 2 * lanes && (k0 * d.p()) % 16 == 0 &&
+        if (dw_panels && !row_tiles && nk >= 2 * lanes && (k0 * d.p()) % 16 == 0 &&
             !own_sgemm_reads_b_rows(d.co, nk, d.p())) {
           im2col_panels(inp, img, d, c0, c1, taps.empty() ? nullptr : taps.data(), dw_tile.get(),
                         rows, dw_last.get());

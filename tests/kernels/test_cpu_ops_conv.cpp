@@ -193,7 +193,7 @@ TEST_F(OpsTest, ConvWeightGradientIsTheOwnGemmsBits) {
     cpu::set_gemm_path(path);
     for (const Conv& d : {Conv{2, 6, 32, 32, 8, 3, 2, 1}, Conv{2, 16, 16, 16, 24, 3, 2, 1},
                           Conv{2, 5, 12, 10, 7, 3, 1, 1}, Conv{2, 4, 9, 9, 3, 3, 2, 0},
-                          Conv{2, 8, 8, 8, 20, 3, 1, 1}}) {
+                          Conv{2, 8, 8, 8, 20, 3, 1, 1}, Conv{2, 3, 32, 32, 8, 3, 1, 1}}) {
       SCOPED_TRACE(std::string(cpu::gemm_path_name(path)) + " ci " + std::to_string(d.ci) + " " +
                    std::to_string(d.h) + "x" + std::to_string(d.w) + " stride " +
                    std::to_string(d.stride));
