@@ -124,7 +124,7 @@ inline V vfma(V a, V b, V c) {
 inline V vmul(V a, V b) {
   return _mm256_mul_ps(a, b);
 }
-inline __m256i ymm_lanes(std::int64_t n);  // cpu_gemm_kernels.inc
+inline __m256i ymm_lanes(std::int64_t n);  // cpu_ymm_masks.inc
 inline V vload_n(const float* p, std::int64_t n) {
   return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, ymm_lanes(n));
 }
@@ -134,10 +134,9 @@ inline void vstore_n(float* p, V v, std::int64_t n) {
   else if (n > 0)
     _mm256_maskstore_ps(p, ymm_lanes(n), v);
 }
+inline __m256i lanes_of_bits(std::uint32_t m);  // cpu_ymm_masks.inc
 inline V vload_bits(const float* p, std::uint32_t bits) {
-  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256i set = _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits & 0xFF)), bit);
-  return _mm256_maskload_ps(p, _mm256_cmpeq_epi32(set, bit));
+  return _mm256_maskload_ps(p, lanes_of_bits(bits));
 }
 #include "kernels/cpu/cpu_gemm_kernels.inc"
 }  // namespace avx2

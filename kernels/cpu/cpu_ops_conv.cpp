@@ -105,6 +105,23 @@ FlatRow flat_row(const ConvDims& d, std::int64_t ky, std::int64_t kx) {
   return r;
 }
 
+// The flat rows of every kernel tap (t = ky·KW + kx), worked out once per op or call where there
+// are few taps (3x3: 9); none (count 0) where the rows are not flat or the taps more than
+// kMaxFlatTaps. On the stack: im2col and col2im take them per call.
+constexpr std::int64_t kMaxFlatTaps = 25;
+struct FlatTaps {
+  FlatRow row[kMaxFlatTaps];
+  std::int64_t count = 0;
+  const FlatRow* data() const { return count > 0 ? row : nullptr; }
+};
+FlatTaps flat_taps(const ConvDims& d) {
+  FlatTaps taps;
+  if (flat_rows(d) && d.kh * d.kw <= kMaxFlatTaps)
+    for (; taps.count < d.kh * d.kw; ++taps.count)
+      taps.row[taps.count] = flat_row(d, taps.count / d.kw, taps.count % d.kw);
+  return taps;
+}
+
 // Sets the wrapped columns (outside r.ox) of positions [a, b) of a flat row to 0.
 void zero_wrapped(const ConvDims& d, const FlatRow& r, std::int64_t a, std::int64_t b, float* row) {
   // Column by column (|pad − kx| of them, usually one), strided by a row. One division per call
@@ -127,18 +144,14 @@ void im2col(const Tensor& inp, std::int64_t img, const ConvDims& d, std::int64_t
   const bool f32 = inp.dtype() == DType::F32;
   const bool flat = f32 && flat_rows(d);
   const std::int64_t base = img * d.ci * d.h * d.w;
-  // The flat rows of every kernel tap once, when there are few taps (3x3: 9).
-  constexpr std::int64_t kMaxTaps = 25;
-  const bool taps_cached = flat && d.kh * d.kw <= kMaxTaps;
-  FlatRow taps[kMaxTaps];
-  if (taps_cached)
-    for (std::int64_t t = 0; t < d.kh * d.kw; ++t) taps[t] = flat_row(d, t / d.kw, t % d.kw);
+  const FlatTaps taps = f32 ? flat_taps(d) : FlatTaps{};
+  const bool taps_cached = taps.count > 0;
   // Row k is (ci, ky, kx), kx fastest: stepped along instead of divided out per row.
   std::int64_t ci = k0 / (d.kh * d.kw), ky = (k0 / d.kw) % d.kh, kx = k0 % d.kw;
   for (std::int64_t k = k0; k < k1; ++k) {
     float* row = col + k * ld;
     if (flat) {
-      const FlatRow r = taps_cached ? taps[ky * d.kw + kx] : flat_row(d, ky, kx);
+      const FlatRow r = taps_cached ? taps.row[ky * d.kw + kx] : flat_row(d, ky, kx);
       const float* src = inp.as<float>() + base + ci * d.h * d.w + r.shift;
       const std::int64_t a = std::clamp(r.src0, p0, p1), b = std::clamp(r.src1, a, p1);
       std::fill(row + p0, row + a, 0.0f);
@@ -248,6 +261,21 @@ void im2col_tile_lanes(const float* image, const ConvDims& d, std::int64_t p0, s
   fill_panel_lanes(image, d.ci, d.h * d.w, offsets, mask, d.kh * d.kw, lanes, out);
 }
 
+// One full tile [p0, p0 + w) of an fp32 image into its (K, w) panel by masked vector copies:
+// im2col_tile where the rows are flat and their taps worked out (`taps`, else null), else
+// im2col_tile_lanes where it can take the kernel and the plane. False where neither can (im2col
+// then).
+bool im2col_whole_tile(const float* image, const ConvDims& d, const FlatRow* taps, std::int64_t p0,
+                       std::int64_t w, float* out) {
+  if (taps) {
+    im2col_tile(image, d, taps, p0, w, out);
+    return true;
+  }
+  if (d.kh > 7 || d.kw > 7 || d.h * d.w > (std::int64_t{1} << 30)) return false;  // int32 lanes
+  im2col_tile_lanes(image, d, p0, w, out);
+  return true;
+}
+
 // The weight gradient's B operand on the own GEMM, colᵀ (P, nk) for channels [c0, c1) of an fp32
 // image (col rows k0 = c0·KH·KW on, nk of them), as ready panels: panel g (col rows k0 + g·lanes
 // on, lanes = gemm_panel_width()) at panels + g·P·lanes, its row p those rows' values at pixel p;
@@ -265,11 +293,8 @@ void im2col_panels(const Tensor& inp, std::int64_t img, const ConvDims& d, std::
   const float* image = inp.as<float>() + (img * d.ci + c0) * d.h * d.w;
   for (std::int64_t p0 = 0; p0 < d.p(); p0 += lanes) {
     const std::int64_t np = std::min(lanes, d.p() - p0);
-    if (np == lanes && taps)
-      im2col_tile(image, sub, taps, p0, np, tile);
-    else if (np == lanes && d.kh <= 7 && d.kw <= 7 && d.h * d.w <= (std::int64_t{1} << 30))
-      im2col_tile_lanes(image, sub, p0, np, tile);
-    else  // row k of col at tile + (k − k0)·lanes, pixels [p0, p0 + np)
+    if (np != lanes || !im2col_whole_tile(image, sub, taps, p0, np, tile))
+      // row k of col at tile + (k − k0)·lanes, pixels [p0, p0 + np)
       im2col(inp, img, d, c0 * kk, c0 * kk + nk, p0, p0 + np, tile - c0 * kk * lanes - p0, lanes);
     vec::transpose_to_panels(tile, lanes, whole, np, lanes, panels + p0 * lanes, d.p() * lanes);
     if (whole < nk)
@@ -312,13 +337,10 @@ void fold_flat_taps3(float* rows, const ConvDims& d, const FlatRow* r, float* pl
 // dx (Ci, H, W) planes [ci0, ci1) = Σ over windows of col's rows of those channels: the adjoint
 // of im2col. Overwrites the wrapped columns of flat rows (see FlatRow) with 0.
 void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, float* dx) {
-  // The flat rows of every kernel tap once, when there are few taps (3x3: 9), as in im2col (per
-  // channel and tap they were 2% of cnn-small's 8x8 input gradient).
-  constexpr std::int64_t kMaxTaps = 25;
-  const bool taps_cached = flat_rows(d) && d.kh * d.kw <= kMaxTaps;
-  FlatRow taps[kMaxTaps];
-  if (taps_cached)
-    for (std::int64_t t = 0; t < d.kh * d.kw; ++t) taps[t] = flat_row(d, t / d.kw, t % d.kw);
+  // The flat rows of the kernel taps once, as in im2col (per channel and tap they were 2% of
+  // cnn-small's 8x8 input gradient).
+  const FlatTaps taps = flat_taps(d);
+  const bool taps_cached = taps.count > 0;
   for (std::int64_t ci = ci0; ci < ci1; ++ci) {
     float* plane = dx + ci * d.h * d.w;
     std::fill(plane, plane + d.h * d.w, 0.0f);
@@ -328,14 +350,14 @@ void col2im(float* col, const ConvDims& d, std::int64_t ci0, std::int64_t ci1, f
       if (flat_rows(d) && d.kw == 3 && d.h * d.w >= 256) {
         FlatRow own[3];
         for (std::int64_t kx = 0; kx < 3 && !taps_cached; ++kx) own[kx] = flat_row(d, ky, kx);
-        fold_flat_taps3(col + (ci * d.kh + ky) * 3 * d.p(), d, taps_cached ? taps + 3 * ky : own,
-                        plane);
+        fold_flat_taps3(col + (ci * d.kh + ky) * 3 * d.p(), d,
+                        taps_cached ? taps.row + 3 * ky : own, plane);
         continue;
       }
       for (std::int64_t kx = 0; kx < d.kw; ++kx) {
         float* row = col + ((ci * d.kh + ky) * d.kw + kx) * d.p();
         if (flat_rows(d)) {  // the wrapped columns (this op's own scratch) become 0 first
-          const FlatRow r = taps_cached ? taps[ky * d.kw + kx] : flat_row(d, ky, kx);
+          const FlatRow r = taps_cached ? taps.row[ky * d.kw + kx] : flat_row(d, ky, kx);
           zero_wrapped(d, r, r.src0, r.src1, row);
           vec::accumulate(row + r.src0, plane + r.src0 + r.shift, r.src1 - r.src0);
           continue;
@@ -400,17 +422,11 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
   std::optional<PackedA> packed;
   if (gemm_path() != GemmPath::blas) packed.emplace(false, d.co, d.k(), w.data(), d.k());
   const std::int64_t tile = packed ? gemm_panel_width() : tile_size(d.p(), max_threads(), 32);
-  // Full tiles of flat fp32 rows take im2col_tile, with the kernel taps' rows worked out once.
-  const bool whole_tiles = packed && inp.dtype() == DType::F32 && flat_rows(d) &&
-                           d.kh * d.kw <= 25 &&
-                           reinterpret_cast<std::uintptr_t>(col.data()) % 64 == 0;
-  std::vector<FlatRow> taps;
-  for (std::int64_t t = 0; whole_tiles && t < d.kh * d.kw; ++t)
-    taps.push_back(flat_row(d, t / d.kw, t % d.kw));
-  // Full tiles of any other fp32 convolution take im2col_tile_lanes (lane offsets in int32).
-  const bool lane_tiles = packed && !whole_tiles && inp.dtype() == DType::F32 && d.kh <= 7 &&
-                          d.kw <= 7 && d.h * d.w <= (std::int64_t{1} << 30) &&
-                          reinterpret_cast<std::uintptr_t>(col.data()) % 64 == 0;
+  // Full tiles of fp32 images by im2col_whole_tile, flat rows with the kernel taps' rows worked
+  // out once.
+  const bool whole_tiles =
+      packed && inp.dtype() == DType::F32 && reinterpret_cast<std::uintptr_t>(col.data()) % 64 == 0;
+  const FlatTaps taps = whole_tiles ? flat_taps(d) : FlatTaps{};
   const std::int64_t tiles = (d.p() + tile - 1) / tile;
   const bool parallel = sgemm_nests() && d.n * d.co * d.p() * d.k() >= kParallelGrain;
 #pragma omp parallel if (parallel)
@@ -429,11 +445,7 @@ void CpuOps::conv2d_forward(Tensor& out, const Tensor& inp, const Tensor& weight
           // panel is written and read in L1 (a fresh part of the buffer each tile came from L2).
           float* own = col.as<float>() + id * tile * d.k();
           const float* image = inp.as<float>() + img * d.ci * d.h * d.w;
-          if (whole_tiles && np == tile)
-            im2col_tile(image, d, taps.data(), p0, np, own);
-          else if (lane_tiles && np == tile)
-            im2col_tile_lanes(image, d, p0, np, own);
-          else
+          if (!whole_tiles || np != tile || !im2col_whole_tile(image, d, taps.data(), p0, np, own))
             im2col(inp, img, d, 0, d.k(), p0, p0 + np, own - p0, np);
           own_sgemm(*packed, 0, d.co, false, np, 1.0f, own, np, bias ? 1.0f : 0.0f, y + p0, d.p());
         } else {
@@ -498,11 +510,11 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
   // thread's rows of col (the same floats, laid out as panels; 64-byte aligned) and dout packed
   // once per image and thread. The same sums (kernels/cpu/cpu_gemm.h), so the same bits.
   const std::int64_t lanes = gemm_panel_width();
-  const bool dw_panels = dw && gemm_path() != GemmPath::blas && inp.dtype() == DType::F32 &&
+  // (Not with row tiles: im2col_panels takes whole channels.)
+  const bool dw_panels = dw && !row_tiles && gemm_path() != GemmPath::blas &&
+                         inp.dtype() == DType::F32 &&
                          reinterpret_cast<std::uintptr_t>(col.data()) % 64 == 0;
-  std::vector<FlatRow> taps;  // the flat rows' taps, for im2col_tile, as in conv2d_forward
-  for (std::int64_t t = 0; dw_panels && flat_rows(d) && kk <= 25 && t < kk; ++t)
-    taps.push_back(flat_row(d, t / d.kw, t % d.kw));
+  const FlatTaps taps = dw_panels ? flat_taps(d) : FlatTaps{};
   const bool parallel = sgemm_nests() && d.n * d.co * d.p() * d.k() >= kParallelGrain;
 #pragma omp parallel if (parallel)
   {
@@ -535,10 +547,9 @@ void CpuOps::conv2d_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const
         // (The panels 64-byte aligned too; not where the GEMM reads col's rows in place; and not
         // for fewer than two panels of rows: cnn-small's stem, 9 and 18 rows a thread, measured
         // 0.85 -> 1.10 ms on panels, the 1x1 downsample's 16 rows slower too.)
-        if (dw_panels && !row_tiles && nk >= 2 * lanes && (k0 * d.p()) % 16 == 0 &&
+        if (dw_panels && nk >= 2 * lanes && (k0 * d.p()) % 16 == 0 &&
             !own_sgemm_reads_b_rows(d.co, nk, d.p())) {
-          im2col_panels(inp, img, d, c0, c1, taps.empty() ? nullptr : taps.data(), dw_tile.get(),
-                        rows, dw_last.get());
+          im2col_panels(inp, img, d, c0, c1, taps.data(), dw_tile.get(), rows, dw_last.get());
           if (!dout_packed) dout_packed.emplace(false, d.co, d.p(), g, d.p());
           for (std::int64_t c = 0; c < nk; c += lanes)  // one panel of colᵀ, in place, a call
             own_sgemm(*dout_packed, 0, d.co, false, std::min(lanes, nk - c), 1.0f,

@@ -6,6 +6,7 @@
 // (kernels/CMakeLists.txt).
 #include "kernels/cpu/cpu_vec.h"
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cmath>
